@@ -1,0 +1,291 @@
+//! proxy-load: weft-proxy against Envoy, nginx and HAProxy on one machine, one core each side.
+//!
+//! Every proxy runs one worker pinned to core 0; the upstream and the load generators share
+//! core 1. Per repeat each target (in a rotated order, so drifting machine noise is shared) gets a
+//! fresh upstream and a fresh proxy, then: idle RSS, warm-up, closed-loop `wrk` (throughput and
+//! CPU per request), open-loop `h2load` at a fixed rate (p50/p99), peak RSS. See bench/README.md.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use serde_json::{Value, json};
+
+use weft_bench::guard::{self, TempDir};
+use weft_bench::peers::{Running, Target};
+use weft_bench::report::{self, Sample, Summary};
+use weft_bench::{install, load, procfs, upstream::Upstream};
+
+/// Compare weft-proxy with Envoy, nginx and HAProxy under the same load on the same machine.
+#[derive(Parser, Debug)]
+struct Args {
+    /// CI mode: 1 repeat, 2 s per phase; missing peers are reported, not fatal.
+    #[arg(long)]
+    quick: bool,
+    /// Repeats (targets interleaved in each) [default: 3, quick: 1].
+    #[arg(long)]
+    repeats: Option<usize>,
+    /// Seconds per load phase (closed loop, then open loop) [default: 10, quick: 2].
+    #[arg(long)]
+    duration: Option<u64>,
+    /// Open-loop request rate, req/s.
+    #[arg(long, default_value_t = 2000)]
+    rate: u32,
+    /// Connections of the load generator (both phases).
+    #[arg(long, default_value_t = 50)]
+    connections: u32,
+    /// Comma-separated subset of weft,envoy,nginx,haproxy (`direct` always runs: it is the
+    /// baseline for added latency).
+    #[arg(long, value_delimiter = ',')]
+    only: Option<Vec<String>>,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results/proxy-load.json"))]
+    out: PathBuf,
+    /// Internal: run as the upstream server with this many listeners.
+    #[arg(long, hide = true)]
+    serve_upstream: Option<usize>,
+}
+
+/// Resolved run settings.
+struct Plan {
+    repeats: usize,
+    duration: Duration,
+    warmup: Duration,
+    rate: u32,
+    connections: u32,
+    proxy_core: usize,
+    load_core: usize,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Some(ports) = args.serve_upstream {
+        return exit_on(weft_bench::upstream::serve(ports).map(|()| true));
+    }
+    exit_on(run(&args))
+}
+
+fn exit_on(result: Result<bool>) -> ExitCode {
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("proxy-load: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the bench; `Ok(false)` when weft could not be measured (the run still reports the rest).
+fn run(args: &Args) -> Result<bool> {
+    guard::stop_children_on_signal()?;
+    let plan = plan(args)?;
+    let wrk = install::ensure_apt("wrk", "wrk").context("the closed-loop load generator is required")?;
+    let h2load = install::ensure_apt("h2load", "nghttp2-client").context("the open-loop load generator is required")?;
+
+    let mut missing = serde_json::Map::new();
+    let mut versions = serde_json::Map::new();
+    let mut ready: Vec<(Target, Option<PathBuf>)> = Vec::new();
+    for target in selected(args)? {
+        match target.prepare() {
+            Ok(bin) => {
+                let version = bin.as_deref().and_then(|b| target.version(b));
+                versions.insert(target.name().into(), json!(version));
+                ready.push((target, bin));
+            }
+            Err(e) => {
+                eprintln!("{}: missing: {e:#}", target.name());
+                missing.insert(target.name().into(), json!(format!("{e:#}")));
+            }
+        }
+    }
+    versions.insert("wrk".into(), json!(install::version_line(&wrk, &["-v"])));
+    versions.insert("h2load".into(), json!(install::version_line(&h2load, &["--version"])));
+
+    let tmp = TempDir::new("weft-proxy-load")?;
+    let mut samples = Vec::new();
+    let mut failures = Vec::new();
+    for repeat in 0..plan.repeats {
+        for (target, bin) in rotated(&ready, repeat) {
+            match measure(&plan, *target, bin.as_deref(), repeat, tmp.path()) {
+                Ok(s) => {
+                    eprintln!(
+                        "repeat {}/{} {:<8} {:>8.0} req/s  p50 {:.3} ms  p99 {:.3} ms  {:>6.1} µs/req  idle {:.1} MiB",
+                        repeat + 1,
+                        plan.repeats,
+                        target.name(),
+                        s.rps,
+                        s.p50_ms,
+                        s.p99_ms,
+                        s.cpu_us_per_req,
+                        s.rss_idle_mib
+                    );
+                    samples.push(s);
+                }
+                Err(e) => {
+                    eprintln!("repeat {}/{} {}: FAILED: {e:#}", repeat + 1, plan.repeats, target.name());
+                    failures.push(json!({"target": target.name(), "repeat": repeat, "error": format!("{e:#}")}));
+                }
+            }
+        }
+    }
+
+    report::fill_added_latency(&mut samples);
+    let summary = Summary::new(&samples);
+    let checks = report::checks(&summary);
+    println!("\n{}", summary.table());
+    println!("{}", report::checks_table(&checks));
+    if !missing.is_empty() || !failures.is_empty() {
+        println!("missing: {:?}; failed runs: {}", missing.keys().collect::<Vec<_>>(), failures.len());
+    }
+
+    let doc = json!({
+        "bench": "proxy-load",
+        "machine": machine(),
+        "settings": settings(&plan, args.quick),
+        "versions": versions,
+        "summary": summary.to_json(),
+        "ratios": report::ratios(&summary),
+        "targets": report::checks_json(&checks),
+        "missing": missing,
+        "failures": failures,
+        "repeats": samples.iter().map(report::sample_json).collect::<Vec<_>>(),
+        "notes": NOTES,
+    });
+    write_json(&args.out, &doc)?;
+    println!("wrote {}", args.out.display());
+
+    let weft_wanted = selected(args)?.contains(&Target::Weft);
+    let weft_measured = samples.iter().filter(|s| s.target == Target::Weft).count();
+    Ok(!weft_wanted || weft_measured == plan.repeats)
+}
+
+/// Explanations stored with the numbers, so the JSON reads on its own.
+const NOTES: &[&str] = &[
+    "rps: closed loop, wrk -t1 with --connections connections for --duration s, after a warm-up",
+    "p50_ms/p99_ms: open loop, h2load --h1 at --rate req/s spread over --connections connections; *_added_ms subtract direct of the same repeat",
+    "cpu_us_per_req: utime+stime of the measured process tree during the closed loop / requests completed",
+    "rss_idle_mib: sum of VmRSS of the process tree after start-up, before load; rss_peak_mib: sum of VmHWM after both phases",
+    "direct: the load generator straight to the upstream; its cpu/rss are the upstream server's own",
+    "summary holds medians over repeats; summary.*.range holds [min, max]",
+];
+
+/// One target in one repeat: fresh upstream, fresh proxy, idle RSS, warm-up, closed loop with
+/// CPU accounting, open loop, peak RSS.
+fn measure(plan: &Plan, target: Target, bin: Option<&Path>, repeat: usize, tmp: &Path) -> Result<Sample> {
+    let upstream = Upstream::start(plan.load_core, 2)?;
+    let mut running = target.start(bin, &upstream, plan.proxy_core, tmp)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let idle = read_usage(&running)?;
+
+    load::wrk(plan.load_core, running.listen, plan.connections, plan.warmup)?;
+    let (before, upstream_before) = (read_usage(&running)?, usage_of(upstream.process.pid())?);
+    let closed = load::wrk(plan.load_core, running.listen, plan.connections, plan.duration)?;
+    let (after, upstream_after) = (read_usage(&running)?, usage_of(upstream.process.pid())?);
+    let log = tmp.join(format!("h2load-{}.tsv", target.name()));
+    let open = load::h2load(plan.load_core, running.listen, plan.rate, plan.connections, plan.duration, &log)?;
+    let peak = read_usage(&running)?;
+    running.check_alive()?;
+    if open.achieved_rps < 0.95 * f64::from(plan.rate) {
+        eprintln!("warning: {} open loop reached {:.0} of {} req/s", target.name(), open.achieved_rps, plan.rate);
+    }
+
+    let per_req = |a: f64, b: f64| (b - a) * 1e6 / closed.requests.max(1) as f64;
+    Ok(Sample {
+        target,
+        repeat,
+        rps: closed.rps,
+        requests: closed.requests,
+        closed_loop_errors: closed.errors,
+        open_loop_rps: open.achieved_rps,
+        p50_ms: open.p50_ms,
+        p99_ms: open.p99_ms,
+        open_loop_errors: open.errors,
+        p50_added_ms: None,
+        p99_added_ms: None,
+        cpu_us_per_req: per_req(before.cpu_s, after.cpu_s),
+        upstream_cpu_us_per_req: per_req(upstream_before.cpu_s, upstream_after.cpu_s),
+        rss_idle_mib: idle.rss_mib,
+        rss_peak_mib: peak.hwm_mib,
+        variant_a_share: running.variant_a_share().transpose()?,
+    })
+}
+
+fn read_usage(running: &Running) -> Result<procfs::Usage> {
+    usage_of(running.measured_pid).with_context(|| format!("{} is gone", running.target.name()))
+}
+
+fn usage_of(pid: u32) -> Result<procfs::Usage> {
+    procfs::usage(pid).with_context(|| format!("process {pid} is gone"))
+}
+
+fn plan(args: &Args) -> Result<Plan> {
+    let duration = Duration::from_secs(args.duration.unwrap_or(if args.quick { 2 } else { 10 }));
+    if duration.is_zero() || args.rate == 0 || args.connections == 0 {
+        bail!("--duration, --rate and --connections must be positive");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if cores < 2 {
+        eprintln!("only one core: proxy and load generator share core 0, numbers are not comparable to the README");
+    }
+    Ok(Plan {
+        repeats: args.repeats.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
+        warmup: if duration.as_secs() >= 10 { Duration::from_secs(2) } else { Duration::from_secs(1) },
+        duration,
+        rate: args.rate,
+        connections: args.connections,
+        proxy_core: 0,
+        load_core: usize::from(cores >= 2),
+    })
+}
+
+/// `direct` plus the `--only` subset (all peers by default), in report order.
+fn selected(args: &Args) -> Result<Vec<Target>> {
+    let Some(only) = &args.only else { return Ok(Target::ALL.to_vec()) };
+    let wanted = only.iter().map(|n| Target::from_name(n.trim())).collect::<Result<Vec<_>>>()?;
+    Ok(Target::ALL.into_iter().filter(|t| *t == Target::Direct || wanted.contains(t)).collect())
+}
+
+/// The targets rotated by `repeat`, so no target is always first (or last) after a change.
+fn rotated<T>(items: &[T], repeat: usize) -> impl Iterator<Item = &T> {
+    let k = if items.is_empty() { 0 } else { repeat % items.len() };
+    items[k..].iter().chain(&items[..k])
+}
+
+fn settings(plan: &Plan, quick: bool) -> Value {
+    json!({
+        "quick": quick,
+        "repeats": plan.repeats,
+        "duration_s": plan.duration.as_secs(),
+        "warmup_s": plan.warmup.as_secs(),
+        "rate_rps": plan.rate,
+        "connections": plan.connections,
+        "proxy_core": plan.proxy_core,
+        "load_core": plan.load_core,
+        "upstream": format!("hyper HTTP/1.1, {}-byte body, keep-alive, on the load core", weft_bench::upstream::BODY.len()),
+    })
+}
+
+fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")?.split_once(':').map(|(_, m)| m.trim().to_string()));
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|k| k.trim().to_string());
+    let os = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string())));
+    json!({
+        "nproc": std::thread::available_parallelism().map_or(1, usize::from),
+        "cpu_model": model,
+        "kernel": kernel,
+        "os": os,
+    })
+}
+
+fn write_json(path: &Path, doc: &Value) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(doc)? + "\n").with_context(|| format!("writing {}", path.display()))
+}

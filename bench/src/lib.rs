@@ -1,0 +1,14 @@
+//! weft's benchmarks: shared pieces for driving real processes on loopback and measuring them.
+//!
+//! Each bench binary in `src/bin/` prints a table and writes JSON under `bench/results/`.
+//! `proxy-load` compares weft-proxy with Envoy, nginx and HAProxy (see `bench/README.md`).
+
+pub mod guard;
+pub mod install;
+pub mod load;
+pub mod net;
+pub mod peers;
+pub mod procfs;
+pub mod report;
+pub mod stats;
+pub mod upstream;

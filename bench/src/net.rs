@@ -1,0 +1,53 @@
+//! Loopback ports and a minimal blocking HTTP/1.1 GET for readiness checks and admin scrapes.
+//!
+//! The orchestrator is synchronous (it mostly waits on child processes), so a few lines over
+//! `std::net` are simpler than a client runtime.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::guard::Spawned;
+
+/// A currently free port on 127.0.0.1 (bound then released; peers bind it right after).
+pub fn free_addr() -> Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// `GET path` with `Connection: close`; returns the status code and the body.
+pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let timeout = Duration::from_secs(2);
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("no HTTP status from {addr}{path}"))?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    Ok((status, body))
+}
+
+/// Polls `GET path` until it answers 200, failing early if `process` exits.
+pub fn wait_ok(addr: SocketAddr, path: &str, process: &mut Spawned, within: Duration) -> Result<()> {
+    let deadline = Instant::now() + within;
+    let mut last = String::from("no answer");
+    while Instant::now() < deadline {
+        if let Some(status) = process.exited() {
+            bail!("{} exited during start-up ({status})", process.name);
+        }
+        match http_get(addr, path) {
+            Ok((200, _)) => return Ok(()),
+            Ok((code, body)) => last = format!("HTTP {code}: {}", body.trim()),
+            Err(e) => last = e.to_string(),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("{} not ready at http://{addr}{path} within {within:?} (last: {last})", process.name)
+}

@@ -1,0 +1,95 @@
+//! CPU time and memory of a process tree, read from `/proc`.
+//!
+//! A proxy may be more than one process (nginx: master + worker), so every reading sums the
+//! process and all its descendants at the moment of reading.
+
+use std::fs;
+use std::process::Command;
+
+/// One reading of a process tree.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    /// utime + stime of all processes in the tree, in seconds.
+    pub cpu_s: f64,
+    /// Sum of VmRSS, MiB.
+    pub rss_mib: f64,
+    /// Sum of VmHWM (peak resident set), MiB.
+    pub hwm_mib: f64,
+}
+
+/// Reads the tree rooted at `pid`; `None` if the root process is gone.
+pub fn usage(pid: u32) -> Option<Usage> {
+    let ticks_per_s = clock_ticks_per_second();
+    let tree = tree(pid);
+    if tree.is_empty() {
+        return None;
+    }
+    let mut total = Usage::default();
+    for p in tree {
+        if let Some(ticks) = cpu_ticks(p) {
+            total.cpu_s += ticks as f64 / ticks_per_s;
+        }
+        total.rss_mib += status_kib(p, "VmRSS:").unwrap_or(0) as f64 / 1024.0;
+        total.hwm_mib += status_kib(p, "VmHWM:").unwrap_or(0) as f64 / 1024.0;
+    }
+    Some(total)
+}
+
+/// `pid` followed by all its live descendants.
+fn tree(pid: u32) -> Vec<u32> {
+    if cpu_ticks(pid).is_none() {
+        return Vec::new();
+    }
+    let parents: Vec<(u32, u32)> = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| Some((p, stat_fields(p)?.get(1)?.parse().ok()?)))
+        .collect();
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let parent = out[i];
+        out.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        i += 1;
+    }
+    out
+}
+
+/// Fields of `/proc/PID/stat` after the `(comm)` field: index 0 is state, 1 ppid, 11 utime,
+/// 12 stime (the man page's fields 3, 4, 14, 15).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    Some(after_comm.split_whitespace().map(str::to_string).collect())
+}
+
+/// utime + stime in clock ticks; `None` for a missing or zombie process.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let f = stat_fields(pid)?;
+    if f.first().map(String::as_str) == Some("Z") {
+        return None;
+    }
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// A `kB` line of `/proc/PID/status`, such as `VmRSS:`.
+fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// `CLK_TCK` from getconf(1) (sysconf would need `unsafe`); 100 on every Linux we run on.
+fn clock_ticks_per_second() -> f64 {
+    static TCK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TCK.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}

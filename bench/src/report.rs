@@ -1,0 +1,273 @@
+//! proxy-load's results: per-repeat samples, their medians and ranges, the ratios and targets
+//! the issue states, the printed table and the JSON document.
+
+use serde_json::{Map, Value, json};
+
+use crate::peers::Target;
+use crate::stats::Spread;
+
+/// One target measured in one repeat.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    pub target: Target,
+    pub repeat: usize,
+    /// Closed loop (wrk): requests per second, completed requests, failed requests.
+    pub rps: f64,
+    pub requests: u64,
+    pub closed_loop_errors: u64,
+    /// Open loop (h2load): achieved rate, latency percentiles, failed requests.
+    pub open_loop_rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub open_loop_errors: u64,
+    /// Latency over `direct` in the same repeat; filled by [`fill_added_latency`].
+    pub p50_added_ms: Option<f64>,
+    pub p99_added_ms: Option<f64>,
+    /// CPU of the measured process tree during the closed loop, per completed request.
+    pub cpu_us_per_req: f64,
+    /// The upstream's CPU per request in the same window (the same for every target ideally).
+    pub upstream_cpu_us_per_req: f64,
+    pub rss_idle_mib: f64,
+    pub rss_peak_mib: f64,
+    /// Share of requests the proxy routed to variant `a` (weft and Envoy), from its metrics.
+    pub variant_a_share: Option<f64>,
+}
+
+/// A reported quantity: JSON key, table header, how to read it from a sample, decimals.
+struct Metric {
+    key: &'static str,
+    header: &'static str,
+    get: fn(&Sample) -> Option<f64>,
+    decimals: usize,
+}
+
+const METRICS: &[Metric] = &[
+    Metric { key: "rps", header: "req/s (wrk)", get: |s| Some(s.rps), decimals: 0 },
+    Metric { key: "p50_ms", header: "p50 ms", get: |s| Some(s.p50_ms), decimals: 3 },
+    Metric { key: "p99_ms", header: "p99 ms", get: |s| Some(s.p99_ms), decimals: 3 },
+    Metric { key: "p50_added_ms", header: "+p50 ms", get: |s| s.p50_added_ms, decimals: 3 },
+    Metric { key: "p99_added_ms", header: "+p99 ms", get: |s| s.p99_added_ms, decimals: 3 },
+    Metric { key: "cpu_us_per_req", header: "CPU µs/req", get: |s| Some(s.cpu_us_per_req), decimals: 1 },
+    Metric { key: "rss_idle_mib", header: "idle MiB", get: |s| Some(s.rss_idle_mib), decimals: 1 },
+    Metric { key: "rss_peak_mib", header: "peak MiB", get: |s| Some(s.rss_peak_mib), decimals: 1 },
+];
+
+/// Sets each sample's added latency against `direct` of the same repeat (shared noise).
+pub fn fill_added_latency(samples: &mut [Sample]) {
+    let direct: Vec<(usize, f64, f64)> = samples
+        .iter()
+        .filter(|s| s.target == Target::Direct)
+        .map(|s| (s.repeat, s.p50_ms, s.p99_ms))
+        .collect();
+    for s in samples.iter_mut() {
+        if let Some(&(_, p50, p99)) = direct.iter().find(|d| d.0 == s.repeat) {
+            s.p50_added_ms = Some(s.p50_ms - p50);
+            s.p99_added_ms = Some(s.p99_ms - p99);
+        }
+    }
+}
+
+/// Per target: each metric's spread over the repeats (`None` = target not measured).
+pub struct Summary(Vec<(Target, Vec<Option<Spread>>)>);
+
+impl Summary {
+    pub fn new(samples: &[Sample]) -> Self {
+        let rows = Target::ALL.iter().map(|&t| {
+            let mine: Vec<&Sample> = samples.iter().filter(|s| s.target == t).collect();
+            (t, METRICS.iter().map(|m| Spread::of(mine.iter().map(|s| (m.get)(s)))).collect())
+        });
+        Self(rows.collect())
+    }
+
+    /// Median of `key` for `target`.
+    pub fn median(&self, target: Target, key: &str) -> Option<f64> {
+        let i = METRICS.iter().position(|m| m.key == key)?;
+        let (_, spreads) = self.0.iter().find(|(t, _)| *t == target)?;
+        spreads[i].map(|s| s.median)
+    }
+
+    /// The `summary` object: medians under the metric keys, `[min, max]` under `range`.
+    pub fn to_json(&self) -> Value {
+        let mut out = Map::new();
+        for (target, spreads) in &self.0 {
+            let mut row = Map::new();
+            let mut range = Map::new();
+            for (m, s) in METRICS.iter().zip(spreads) {
+                row.insert(m.key.into(), s.map_or(Value::Null, |s| round(s.median, m.decimals + 1)));
+                let digits = m.decimals + 1;
+                range.insert(m.key.into(), s.map_or(Value::Null, |s| json!([round(s.min, digits), round(s.max, digits)])));
+            }
+            row.insert("range".into(), Value::Object(range));
+            out.insert(target.name().into(), Value::Object(row));
+        }
+        Value::Object(out)
+    }
+
+    /// The table: `median (min–max)` per cell, `-` where a target was not measured.
+    pub fn table(&self) -> String {
+        let mut lines = vec![std::iter::once("target").chain(METRICS.iter().map(|m| m.header)).collect::<Vec<_>>().join(" | ")];
+        lines.push(vec!["---"; METRICS.len() + 1].join("|"));
+        for (target, spreads) in &self.0 {
+            let cells = METRICS.iter().zip(spreads).map(|(m, s)| match s {
+                None => "-".to_string(),
+                Some(s) if s.min == s.max => format!("{:.*}", m.decimals, s.median),
+                Some(s) => format!("{:.*} ({:.*}–{:.*})", m.decimals, s.median, m.decimals, s.min, m.decimals, s.max),
+            });
+            lines.push(std::iter::once(target.name().to_string()).chain(cells).collect::<Vec<_>>().join(" | "));
+        }
+        lines.iter().map(|l| format!("| {l} |\n")).collect()
+    }
+}
+
+/// A ratio of two medians, `(name, numerator target, denominator target, metric key)`.
+const RATIOS: &[(&str, Target, Target, &str)] = &[
+    ("weft_rps_over_envoy_rps", Target::Weft, Target::Envoy, "rps"),
+    ("weft_rps_over_nginx_rps", Target::Weft, Target::Nginx, "rps"),
+    ("weft_rps_over_haproxy_rps", Target::Weft, Target::Haproxy, "rps"),
+    ("weft_cpu_over_envoy_cpu", Target::Weft, Target::Envoy, "cpu_us_per_req"),
+    ("weft_cpu_over_nginx_cpu", Target::Weft, Target::Nginx, "cpu_us_per_req"),
+    ("weft_cpu_over_haproxy_cpu", Target::Weft, Target::Haproxy, "cpu_us_per_req"),
+];
+
+pub fn ratios(summary: &Summary) -> Value {
+    let ratio = |&(name, num, den, key): &(&str, Target, Target, &str)| {
+        let v = summary.median(num, key).zip(summary.median(den, key)).map(|(n, d)| round(n / d, 3));
+        (name.to_string(), v.unwrap_or(Value::Null))
+    };
+    Value::Object(RATIOS.iter().map(ratio).collect())
+}
+
+/// One target from the issue: `value` must be `>=` (or `<=`) `limit`.
+pub struct Check {
+    pub name: &'static str,
+    pub value: Option<f64>,
+    pub limit: Option<f64>,
+    pub at_least: bool,
+}
+
+impl Check {
+    /// `None` when a side is missing: unknown, neither pass nor fail.
+    pub fn pass(&self) -> Option<bool> {
+        let (v, l) = self.value.zip(self.limit)?;
+        Some(if self.at_least { v >= l } else { v <= l })
+    }
+}
+
+/// The issue's targets, from the medians.
+pub fn checks(s: &Summary) -> Vec<Check> {
+    let weft = |k| s.median(Target::Weft, k);
+    let times = |t, k, f: f64| s.median(t, k).map(|v| v * f);
+    vec![
+        Check { name: "weft rps >= 3x envoy rps", value: weft("rps"), limit: times(Target::Envoy, "rps", 3.0), at_least: true },
+        Check { name: "weft rps >= nginx rps", value: weft("rps"), limit: s.median(Target::Nginx, "rps"), at_least: true },
+        Check {
+            name: "weft CPU/req <= haproxy CPU/req",
+            value: weft("cpu_us_per_req"),
+            limit: s.median(Target::Haproxy, "cpu_us_per_req"),
+            at_least: false,
+        },
+        Check {
+            name: "weft p99 added latency <= haproxy's",
+            value: weft("p99_added_ms"),
+            limit: s.median(Target::Haproxy, "p99_added_ms"),
+            at_least: false,
+        },
+        Check { name: "weft idle RSS <= 15 MiB", value: weft("rss_idle_mib"), limit: Some(15.0), at_least: false },
+    ]
+}
+
+pub fn checks_json(checks: &[Check]) -> Value {
+    let rows = checks.iter().map(|c| {
+        json!({
+            "target": c.name,
+            "value": c.value.map(|v| round(v, 4)),
+            "limit": c.limit.map(|v| round(v, 4)),
+            "pass": c.pass(),
+        })
+    });
+    Value::Array(rows.collect())
+}
+
+pub fn checks_table(checks: &[Check]) -> String {
+    let verdict = |p: Option<bool>| match p {
+        Some(true) => "PASS",
+        Some(false) => "FAIL",
+        None => "n/a (missing data)",
+    };
+    let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    checks
+        .iter()
+        .map(|c| format!("{:<38} {:>4}  (weft {} vs limit {})\n", c.name, verdict(c.pass()), fmt(c.value), fmt(c.limit)))
+        .collect()
+}
+
+/// One sample as a JSON object (the raw per-repeat numbers).
+pub fn sample_json(s: &Sample) -> Value {
+    json!({
+        "target": s.target.name(),
+        "repeat": s.repeat,
+        "rps": round(s.rps, 1),
+        "requests": s.requests,
+        "closed_loop_errors": s.closed_loop_errors,
+        "open_loop_achieved_rps": round(s.open_loop_rps, 1),
+        "p50_ms": round(s.p50_ms, 4),
+        "p99_ms": round(s.p99_ms, 4),
+        "p50_added_ms": s.p50_added_ms.map(|v| round(v, 4)),
+        "p99_added_ms": s.p99_added_ms.map(|v| round(v, 4)),
+        "open_loop_errors": s.open_loop_errors,
+        "cpu_us_per_req": round(s.cpu_us_per_req, 2),
+        "upstream_cpu_us_per_req": round(s.upstream_cpu_us_per_req, 2),
+        "rss_idle_mib": round(s.rss_idle_mib, 2),
+        "rss_peak_mib": round(s.rss_peak_mib, 2),
+        "variant_a_share": s.variant_a_share.map(|v| round(v, 3)),
+    })
+}
+
+fn round(v: f64, decimals: usize) -> Value {
+    let f = 10f64.powi(decimals as i32);
+    json!((v * f).round() / f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(target: Target, repeat: usize, rps: f64, p99_ms: f64) -> Sample {
+        Sample {
+            target,
+            repeat,
+            rps,
+            requests: 1,
+            closed_loop_errors: 0,
+            open_loop_rps: 2000.0,
+            p50_ms: p99_ms / 2.0,
+            p99_ms,
+            open_loop_errors: 0,
+            p50_added_ms: None,
+            p99_added_ms: None,
+            cpu_us_per_req: 30.0,
+            upstream_cpu_us_per_req: 10.0,
+            rss_idle_mib: 10.0,
+            rss_peak_mib: 12.0,
+            variant_a_share: None,
+        }
+    }
+
+    #[test]
+    fn added_latency_is_against_the_same_repeat() {
+        let mut s = vec![sample(Target::Direct, 0, 1.0, 0.1), sample(Target::Direct, 1, 1.0, 0.2), sample(Target::Weft, 1, 1.0, 0.5)];
+        fill_added_latency(&mut s);
+        assert!((s[2].p99_added_ms.unwrap() - 0.3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn checks_are_unknown_when_a_peer_is_missing() {
+        let s = Summary::new(&[sample(Target::Weft, 0, 30000.0, 0.3), sample(Target::Nginx, 0, 20000.0, 0.3)]);
+        let c = checks(&s);
+        assert_eq!(c[0].pass(), None, "no envoy");
+        assert_eq!(c[1].pass(), Some(true));
+        assert_eq!(c[4].pass(), Some(true));
+        assert_eq!(ratios(&s)["weft_rps_over_nginx_rps"], json!(1.5));
+        assert_eq!(s.to_json()["envoy"]["rps"], Value::Null);
+    }
+}

@@ -1,0 +1,108 @@
+//! The admin API (loopback by default) and the control thread that hosts it alongside the
+//! config reloader and periodic metric upkeep.
+//!
+//! GET /ready (503 while draining), GET /live, GET /metrics (Prometheus text),
+//! GET /config_dump (snapshot + version), GET /clusters (endpoints, health, ejection, breaker),
+//! POST /drain (stop accepting, finish in-flight).
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::server::Options;
+use crate::Shared;
+
+pub fn run_control(
+    sh: Arc<Shared>,
+    admin: std::net::TcpListener,
+    opts: Options,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(admin).expect("admin listener registers");
+        tokio::spawn(crate::reload::run(sh.clone(), opts));
+        let upkeep = sh.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                upkeep.telemetry.upkeep();
+            }
+        });
+        loop {
+            tokio::select! {
+                acc = listener.accept() => {
+                    let Ok((stream, _)) = acc else { continue };
+                    let sh = sh.clone();
+                    tokio::spawn(async move {
+                        let svc = service_fn(move |req| {
+                            let sh = sh.clone();
+                            async move { Ok::<_, std::convert::Infallible>(route(&sh, req)) }
+                        });
+                        let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    });
+                }
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+    });
+}
+
+fn route(sh: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let draining = *sh.draining.borrow();
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/live") => text(StatusCode::OK, "live\n"),
+        (&Method::GET, "/ready") if draining => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        (&Method::GET, "/ready") => text(StatusCode::OK, "ready\n"),
+        (&Method::GET, "/metrics") => {
+            for c in &sh.snapshot.load().clusters {
+                c.refresh_gauges();
+            }
+            let mut r = text(StatusCode::OK, sh.telemetry.render());
+            r.headers_mut().insert(header::CONTENT_TYPE, "text/plain; version=0.0.4".parse().unwrap());
+            r
+        }
+        (&Method::GET, "/config_dump") => json(StatusCode::OK, sh.snapshot.load().dump()),
+        (&Method::GET, "/clusters") => {
+            let snap = sh.snapshot.load();
+            json(StatusCode::OK, serde_json::json!({
+                "version": snap.version,
+                "clusters": snap.clusters.iter().map(|c| c.describe()).collect::<Vec<_>>(),
+            }))
+        }
+        (&Method::POST, "/drain") => {
+            sh.draining.send_replace(true);
+            tracing::info!("draining: listeners closed, finishing in-flight requests");
+            json(StatusCode::OK, serde_json::json!({"draining": true}))
+        }
+        (_, "/live" | "/ready" | "/metrics" | "/config_dump" | "/clusters" | "/drain") => json(
+            StatusCode::METHOD_NOT_ALLOWED,
+            serde_json::json!({"error": "method_not_allowed", "message": format!("{} is not allowed on {}", req.method(), req.uri().path())}),
+        ),
+        (_, path) => json(
+            StatusCode::NOT_FOUND,
+            serde_json::json!({"error": "not_found", "message": format!("no admin endpoint {path:?}; try /ready /live /metrics /config_dump /clusters /drain")}),
+        ),
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+fn json(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
+    let mut body = serde_json::to_vec_pretty(&v).unwrap_or_default();
+    body.push(b'\n');
+    let mut r = text(status, body);
+    r.headers_mut().insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+    r
+}

@@ -1,0 +1,76 @@
+//! `weft-proxy --config proxy.yaml`: run the sidecar.
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(version, about = "weft sidecar proxy: A/B routing, shadowing, retries, circuit breaking, telemetry")]
+struct Args {
+    /// YAML bootstrap (see examples/proxy.yaml). Reloaded on SIGHUP and when it changes.
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Worker threads, each with its own runtime and sockets (SO_REUSEPORT).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// How often to check the config file for changes, e.g. "1s"; "0" turns polling off.
+    #[arg(long, default_value = "1s")]
+    watch_interval: String,
+    /// On SIGTERM/SIGINT, how long to wait for in-flight requests before exiting.
+    #[arg(long, default_value = "30s")]
+    drain_timeout: String,
+    /// Log filter (RUST_LOG syntax), e.g. "info" or "weft_proxy=debug".
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+fn main() {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(args) {
+        eprintln!("weft-proxy: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let dur = |flag: &str, v: &str| weft_proxy::duration::parse(v).map_err(|e| format!("--{flag}: {e}"));
+    let watch = dur("watch-interval", &args.watch_interval)?;
+    let grace = dur("drain-timeout", &args.drain_timeout)?;
+    if args.workers == 0 || args.workers > 256 {
+        return Err(format!("--workers: {} is not in 1..=256", args.workers));
+    }
+    let text = std::fs::read_to_string(&args.config).map_err(|e| format!("cannot read {}: {e}", args.config.display()))?;
+    let cfg = weft_proxy::Config::from_yaml(&text).map_err(|e| format!("{}: {e}", args.config.display()))?;
+    let opts = weft_proxy::Options {
+        workers: args.workers,
+        config_path: Some(args.config.clone()),
+        // A zero interval would spin; "0" means SIGHUP only.
+        watch_interval: if watch.is_zero() { Duration::from_secs(86400 * 365) } else { watch },
+        signals: true,
+    };
+    let proxy = weft_proxy::Proxy::start(cfg, opts).map_err(|e| format!("{}: {e}", args.config.display()))?;
+    for (l, a) in proxy.shared.snapshot.load().config.listeners.iter().zip(&proxy.listener_addrs) {
+        tracing::info!(listener = %l.name, address = %a, direction = ?l.direction, "listening");
+    }
+    tracing::info!(address = %proxy.admin_addr, "admin API");
+    wait_for_stop();
+    tracing::info!("stopping: draining in-flight requests");
+    proxy.shutdown(grace);
+    Ok(())
+}
+
+/// Block until SIGTERM or SIGINT.
+fn wait_for_stop() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    });
+}

@@ -1,0 +1,287 @@
+//! Body types on both sides of the proxy. Bodies stream frame by frame; nothing buffers a
+//! whole body except the bounded replay copy kept for retries and shadowing (`Recorder`).
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Sleep;
+
+/// A bounded copy of a request body as it streams upstream, so the request can be replayed
+/// to another endpoint (retry) or copied to a shadow. Recording stops, and the copy is
+/// dropped, as soon as the body outgrows `limit` or carries trailers.
+#[derive(Debug)]
+pub struct Recorder {
+    limit: usize,
+    state: Mutex<Rec>,
+    done: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Rec {
+    chunks: Vec<Bytes>,
+    len: usize,
+    status: RecStatus,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum RecStatus {
+    #[default]
+    Recording,
+    Complete,
+    Overflow,
+}
+
+impl Recorder {
+    pub fn new(limit: usize) -> Arc<Recorder> {
+        Arc::new(Recorder { limit, state: Mutex::new(Rec::default()), done: Notify::new() })
+    }
+
+    fn push(&self, b: &Bytes) {
+        let mut s = self.state.lock().unwrap();
+        if s.status != RecStatus::Recording {
+            return;
+        }
+        if s.len + b.len() > self.limit {
+            *s = Rec { status: RecStatus::Overflow, ..Rec::default() };
+            drop(s);
+            self.done.notify_waiters();
+            return;
+        }
+        s.len += b.len();
+        s.chunks.push(b.clone());
+    }
+
+    fn end(&self, status: RecStatus) {
+        let mut s = self.state.lock().unwrap();
+        if s.status == RecStatus::Recording {
+            s.status = status;
+            if status == RecStatus::Overflow {
+                s.chunks.clear();
+            }
+        }
+        drop(s);
+        self.done.notify_waiters();
+    }
+
+    /// The whole body, if it was read to the end within the limit.
+    pub fn replay(&self) -> Option<Bytes> {
+        let s = self.state.lock().unwrap();
+        (s.status == RecStatus::Complete).then(|| concat(&s.chunks))
+    }
+
+    /// Wait (bounded) until the body has been read to the end; None on overflow or timeout.
+    pub async fn wait_complete(&self, timeout: Duration) -> Option<Bytes> {
+        let wait = async {
+            loop {
+                let notified = self.done.notified();
+                match self.state.lock().unwrap().status {
+                    RecStatus::Recording => {}
+                    RecStatus::Complete => return self.replay(),
+                    RecStatus::Overflow => return None,
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.ok().flatten()
+    }
+}
+
+fn concat(chunks: &[Bytes]) -> Bytes {
+    match chunks {
+        [] => Bytes::new(),
+        [one] => one.clone(),
+        many => {
+            let mut b = BytesMut::with_capacity(many.iter().map(|c| c.len()).sum());
+            for c in many {
+                b.extend_from_slice(c);
+            }
+            b.freeze()
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The body sent upstream: the downstream stream (maybe recorded) or a replayed copy.
+    #[project = ReqProj]
+    pub enum ReqBody {
+        Full { data: Option<Bytes> },
+        Stream { #[pin] inner: Incoming, recorder: Option<Arc<Recorder>> },
+    }
+}
+
+impl ReqBody {
+    pub fn full(data: Bytes) -> ReqBody {
+        ReqBody::Full { data: (!data.is_empty()).then_some(data) }
+    }
+}
+
+impl Body for ReqBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.project() {
+            ReqProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ReqProj::Stream { inner, recorder } => {
+                let frame = ready!(inner.poll_frame(cx));
+                if let Some(rec) = recorder.as_ref() {
+                    match &frame {
+                        Some(Ok(f)) => match f.data_ref() {
+                            Some(d) => rec.push(d),
+                            None => rec.end(RecStatus::Overflow), // trailers: not replayable
+                        },
+                        Some(Err(_)) => rec.end(RecStatus::Overflow),
+                        None => rec.end(RecStatus::Complete),
+                    }
+                }
+                Poll::Ready(frame)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ReqBody::Full { data } => data.is_none(),
+            ReqBody::Stream { inner, .. } => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ReqBody::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            ReqBody::Stream { inner, .. } => inner.size_hint(),
+        }
+    }
+}
+
+/// How a response body stream ended, for accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Read to the end: the upstream connection can be reused.
+    Complete,
+    /// The upstream failed mid-stream or went silent past the idle timeout.
+    Error,
+    /// The downstream went away before the end.
+    Cancelled,
+}
+
+/// Called exactly once when a proxied response body ends, however it ends.
+pub type OnEnd = Box<dyn FnOnce(End) + Send>;
+
+pin_project_lite::pin_project! {
+    /// The body sent downstream: a local (error) response, or an upstream stream that tracks
+    /// idleness and reports its end.
+    #[project = RespProj]
+    pub enum RespBody {
+        Local { data: Option<Bytes> },
+        Upstream {
+            #[pin] inner: Incoming,
+            idle: Option<Duration>,
+            timer: Option<Pin<Box<Sleep>>>,
+            on_end: Option<OnEnd>,
+        },
+    }
+
+    impl PinnedDrop for RespBody {
+        fn drop(this: Pin<&mut Self>) {
+            if let RespProj::Upstream { on_end, .. } = this.project() {
+                if let Some(f) = on_end.take() {
+                    f(End::Cancelled);
+                }
+            }
+        }
+    }
+}
+
+impl RespBody {
+    pub fn local(data: impl Into<Bytes>) -> RespBody {
+        let data: Bytes = data.into();
+        RespBody::Local { data: (!data.is_empty()).then_some(data) }
+    }
+    pub fn upstream(inner: Incoming, idle: Option<Duration>, on_end: OnEnd) -> RespBody {
+        let mut b = RespBody::Upstream { inner, idle, timer: None, on_end: Some(on_end) };
+        if b.is_end_stream() {
+            b.finish(End::Complete);
+        }
+        b
+    }
+    fn finish(&mut self, how: End) {
+        if let RespBody::Upstream { on_end, .. } = self {
+            if let Some(f) = on_end.take() {
+                f(how);
+            }
+        }
+    }
+}
+
+/// The error a stream ends with when the upstream goes silent.
+#[derive(Debug)]
+pub struct IdleTimeout;
+impl std::fmt::Display for IdleTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stream idle timeout")
+    }
+}
+impl std::error::Error for IdleTimeout {}
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Body for RespBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project() {
+            RespProj::Local { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            RespProj::Upstream { mut inner, idle, timer, on_end } => {
+                let polled = inner.as_mut().poll_frame(cx);
+                let out = match polled {
+                    Poll::Pending => {
+                        let Some(limit) = *idle else { return Poll::Pending };
+                        let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                        if t.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        Some(Err(Box::new(IdleTimeout) as BoxError))
+                    }
+                    Poll::Ready(frame) => {
+                        if let (Some(limit), Some(t)) = (*idle, timer.as_mut()) {
+                            t.as_mut().reset(tokio::time::Instant::now() + limit);
+                        }
+                        frame.map(|r| r.map_err(BoxError::from))
+                    }
+                };
+                let end = match &out {
+                    None => Some(End::Complete),
+                    Some(Err(_)) => Some(End::Error),
+                    Some(Ok(_)) if inner.is_end_stream() => Some(End::Complete),
+                    Some(Ok(_)) => None,
+                };
+                if let (Some(how), Some(f)) = (end, on_end.take()) {
+                    f(how);
+                }
+                Poll::Ready(out)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RespBody::Local { data } => data.is_none(),
+            RespBody::Upstream { inner, .. } => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RespBody::Local { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            RespBody::Upstream { inner, .. } => inner.size_hint(),
+        }
+    }
+}

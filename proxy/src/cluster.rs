@@ -1,0 +1,317 @@
+//! A cluster at run time: its endpoints with their load, health and connection pools, its
+//! thresholds and error-rate breaker. Runtime state outlives config reloads: a reload that
+//! keeps a cluster unchanged keeps the very same `Cluster`, and an endpoint that stays (same
+//! address and protocol) keeps its EWMA, ejection and idle connections.
+
+use metrics::{Counter, Gauge, Label};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use crate::breaker::{self, Admit, Breaker};
+use crate::clock::now_ms;
+use crate::config::{self, UpstreamProtocol};
+use crate::lb;
+use crate::outlier::{self, Health, Outcome};
+use crate::pool::{Dial, Pool};
+use crate::telemetry::Telemetry;
+
+pub struct Endpoint {
+    pub addr: SocketAddr,
+    /// `host:port` as configured; the `endpoint` metric label.
+    pub label: Arc<str>,
+    pub protocol: UpstreamProtocol,
+    pub load: lb::Load,
+    pub health: Health,
+    pools: Box<[Pool]>,
+    ejected_gauge: Gauge,
+    ejections: Counter,
+}
+
+impl Endpoint {
+    /// The calling worker's pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pools[crate::worker::id() % self.pools.len()]
+    }
+    pub fn idle_connections(&self) -> usize {
+        self.pools.iter().map(|p| p.idle_count()).sum()
+    }
+}
+
+/// Which threshold refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    MaxRequests,
+    MaxPending,
+    MaxConnections,
+    MaxRetries,
+    BreakerOpen,
+}
+
+impl Overflow {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overflow::MaxRequests => "max_requests",
+            Overflow::MaxPending => "max_pending",
+            Overflow::MaxConnections => "max_connections",
+            Overflow::MaxRetries => "max_retries",
+            Overflow::BreakerOpen => "breaker_open",
+        }
+    }
+    const ALL: [Overflow; 5] = [
+        Overflow::MaxRequests,
+        Overflow::MaxPending,
+        Overflow::MaxConnections,
+        Overflow::MaxRetries,
+        Overflow::BreakerOpen,
+    ];
+}
+
+pub struct Cluster {
+    pub name: Arc<str>,
+    pub cfg: config::Cluster,
+    pub endpoints: Vec<Arc<Endpoint>>,
+    rr: AtomicUsize,
+    breaker: Option<Mutex<Breaker>>,
+    outlier: Option<outlier::Settings>,
+    eject_lock: Mutex<()>,
+    pub active: AtomicU32,
+    pub pending: AtomicU32,
+    pub retries_active: AtomicU32,
+    pub connections: Arc<AtomicU32>,
+    breaker_gauge: Gauge,
+    breaker_transitions: [Counter; 3],
+    overflows: [Counter; 5],
+    pub in_flight: Gauge,
+    pub budget_exhausted: Counter,
+}
+
+impl Cluster {
+    /// Build a cluster from config, reusing endpoints of `prev` with the same address.
+    pub fn build(
+        cfg: &config::Cluster,
+        prev: Option<&Arc<Cluster>>,
+        workers: usize,
+        tel: &Telemetry,
+    ) -> Result<Arc<Cluster>, String> {
+        if let Some(p) = prev.filter(|p| p.cfg == *cfg) {
+            return Ok(p.clone());
+        }
+        let name: Arc<str> = Arc::from(cfg.name.as_str());
+        if cfg.endpoints.is_empty() {
+            return Err(format!("clusters.{}.endpoints: at least one endpoint is required", cfg.name));
+        }
+        let mut endpoints = Vec::with_capacity(cfg.endpoints.len());
+        for ep in &cfg.endpoints {
+            let addr = resolve(ep).map_err(|e| format!("clusters.{}.endpoints: {e}", cfg.name))?;
+            let reused = prev.and_then(|p| {
+                p.endpoints.iter().find(|e| e.addr == addr && e.protocol == cfg.protocol).cloned()
+            });
+            endpoints.push(match reused {
+                Some(e) => e,
+                None => {
+                    let labels = vec![Label::new("cluster", cfg.name.clone()), Label::new("endpoint", ep.clone())];
+                    Arc::new(Endpoint {
+                        addr,
+                        label: Arc::from(ep.as_str()),
+                        protocol: cfg.protocol,
+                        load: lb::Load::default(),
+                        health: Health::default(),
+                        pools: (0..workers.max(1)).map(|_| Pool::default()).collect(),
+                        ejected_gauge: tel.gauge("weft_endpoint_ejected", labels.clone()),
+                        ejections: tel.counter("weft_outlier_ejections_total", labels),
+                    })
+                }
+            });
+        }
+        if cfg.connect_timeout.is_zero() {
+            return Err(format!("clusters.{}.connect_timeout: must be above 0", cfg.name));
+        }
+        let breaker = match &cfg.circuit_breaker.error_rate {
+            None => None,
+            Some(er) => {
+                if !(er.threshold_pct > 0.0 && er.threshold_pct <= 100.0) {
+                    return Err(format!(
+                        "clusters.{}.circuit_breaker.error_rate.threshold_pct: {} is not in (0, 100]",
+                        cfg.name, er.threshold_pct
+                    ));
+                }
+                if er.window.is_zero() || er.open_duration.is_zero() {
+                    return Err(format!(
+                        "clusters.{}.circuit_breaker.error_rate: window and open_duration must be above 0",
+                        cfg.name
+                    ));
+                }
+                // Keep the breaker's state across a reload unless its settings changed.
+                let kept = prev
+                    .filter(|p| p.cfg.circuit_breaker.error_rate.as_ref() == Some(er))
+                    .and_then(|p| p.breaker.as_ref().map(|b| b.lock().unwrap().clone()));
+                Some(Mutex::new(kept.unwrap_or_else(|| {
+                    Breaker::new(breaker::Settings {
+                        threshold_pct: er.threshold_pct,
+                        min_requests: er.min_requests as u64,
+                        window_ms: er.window.0.as_millis() as u64,
+                        open_ms: er.open_duration.0.as_millis() as u64,
+                        probes: er.half_open_probes,
+                    })
+                })))
+            }
+        };
+        if let Some(o) = &cfg.outlier {
+            if o.max_ejection_pct > 100 {
+                return Err(format!(
+                    "clusters.{}.outlier.max_ejection_pct: {} is above 100",
+                    cfg.name, o.max_ejection_pct
+                ));
+            }
+        }
+        let cl = vec![Label::new("cluster", cfg.name.clone())];
+        let with = |k: &'static str, v: &'static str| {
+            let mut l = cl.clone();
+            l.push(Label::new(k, v));
+            l
+        };
+        Ok(Arc::new(Cluster {
+            name,
+            endpoints,
+            rr: AtomicUsize::new(0),
+            breaker,
+            outlier: cfg.outlier.as_ref().map(outlier::Settings::from),
+            eject_lock: Mutex::new(()),
+            active: AtomicU32::new(0),
+            pending: AtomicU32::new(0),
+            retries_active: AtomicU32::new(0),
+            connections: prev.map(|p| p.connections.clone()).unwrap_or_default(),
+            breaker_gauge: tel.gauge("weft_circuit_breaker_state", cl.clone()),
+            breaker_transitions: ["closed", "open", "half_open"].map(|s| tel.counter("weft_circuit_breaker_transitions_total", with("state", s))),
+            overflows: Overflow::ALL.map(|o| tel.counter("weft_overflow_total", with("reason", o.as_str()))),
+            in_flight: tel.gauge("weft_requests_in_flight", cl.clone()),
+            budget_exhausted: tel.counter("weft_retry_budget_exhausted_total", cl.clone()),
+            cfg: cfg.clone(),
+        }))
+    }
+
+    pub fn count_overflow(&self, o: Overflow) {
+        self.overflows[o as usize].increment(1);
+    }
+
+    pub fn dial(&self) -> Dial<'_> {
+        Dial {
+            protocol: self.cfg.protocol,
+            connect_timeout: self.cfg.connect_timeout.0,
+            max_connections: self.cfg.circuit_breaker.max_connections,
+            open: &self.connections,
+        }
+    }
+
+    /// Ask the error-rate breaker whether a request may go.
+    pub fn admit(&self) -> Admit {
+        match &self.breaker {
+            None => Admit::Yes,
+            Some(b) => {
+                let mut b = b.lock().unwrap();
+                let before = b.state(now_ms());
+                let a = b.admit(now_ms());
+                let after = b.state(now_ms());
+                if before.code() != after.code() {
+                    self.note_transition(after);
+                }
+                a
+            }
+        }
+    }
+
+    pub fn breaker_state(&self) -> Option<breaker::State> {
+        self.breaker.as_ref().map(|b| b.lock().unwrap().state(now_ms()))
+    }
+
+    fn note_transition(&self, s: breaker::State) {
+        self.breaker_gauge.set(s.code() as f64);
+        self.breaker_transitions[s.code() as usize].increment(1);
+        tracing::info!(cluster = %self.name, state = s.name(), "circuit breaker state changed");
+    }
+
+    /// Pick an endpoint for a try, skipping ejected ones and (if possible) those in `tried`.
+    pub fn pick(&self, tried: &[usize]) -> Option<usize> {
+        let now = now_ms();
+        let eps = &self.endpoints;
+        lb::pick(
+            self.cfg.lb,
+            eps.len(),
+            |i| !eps[i].health.is_ejected(now),
+            |i| eps[i].load.cost(),
+            tried,
+            &self.rr,
+            |n| rand::random_range(0..n),
+        )
+    }
+
+    /// Account for the outcome of one try: breaker window, outlier detection.
+    pub fn record(&self, ep: usize, outcome: Outcome, probe: bool) {
+        if let Some(b) = &self.breaker {
+            let changed = b.lock().unwrap().record(now_ms(), outcome == Outcome::Success, probe);
+            if let Some(s) = changed {
+                self.note_transition(s);
+            }
+        }
+        let Some(settings) = &self.outlier else { return };
+        let e = &self.endpoints[ep];
+        if e.health.record(settings, outcome) {
+            let _g = self.eject_lock.lock().unwrap();
+            let now = now_ms();
+            let ejected = self.endpoints.iter().filter(|e| e.health.is_ejected(now)).count();
+            if !e.health.is_ejected(now) && outlier::may_eject(settings, ejected, self.endpoints.len()) {
+                let until = e.health.eject(settings, now);
+                e.ejections.increment(1);
+                e.ejected_gauge.set(1.0);
+                tracing::warn!(cluster = %self.name, endpoint = %e.label, for_ms = until - now, "endpoint ejected");
+            }
+        }
+    }
+
+    /// Refresh gauges that change with time alone (ejections expiring, breaker half-opening).
+    pub fn refresh_gauges(&self) {
+        let now = now_ms();
+        for e in &self.endpoints {
+            e.ejected_gauge.set(if e.health.is_ejected(now) { 1.0 } else { 0.0 });
+        }
+        if let Some(s) = self.breaker_state() {
+            self.breaker_gauge.set(s.code() as f64);
+        }
+    }
+
+    /// JSON for the admin `/clusters` page.
+    pub fn describe(&self) -> serde_json::Value {
+        let now = now_ms();
+        serde_json::json!({
+            "name": &*self.name,
+            "protocol": self.cfg.protocol,
+            "lb": self.cfg.lb,
+            "active_requests": self.active.load(Relaxed),
+            "open_connections": self.connections.load(Relaxed),
+            "circuit_breaker": self.breaker_state().map(|s| s.name()).unwrap_or("disabled"),
+            "endpoints": self.endpoints.iter().map(|e| serde_json::json!({
+                "address": &*e.label,
+                "healthy": !e.health.is_ejected(now),
+                "ejected_for_ms": e.health.ejected_until_ms().saturating_sub(now),
+                "times_ejected": e.health.times_ejected(),
+                "in_flight": e.load.in_flight(),
+                "ewma_latency_ms": e.load.ewma_us() / 1000.0,
+                "idle_connections": e.idle_connections(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+fn resolve(ep: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = ep.parse() {
+        return Ok(a);
+    }
+    if !ep.contains(':') {
+        return Err(format!("{ep:?} has no port: write host:port"));
+    }
+    ep.to_socket_addrs()
+        .map_err(|e| format!("{ep:?} does not resolve: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{ep:?} resolves to no address"))
+}

@@ -1,0 +1,409 @@
+//! The YAML bootstrap: what a user writes. Every type here maps 1:1 onto a weft xDS resource
+//! (listener, service = route configuration, experiment, cluster + its endpoints), so the
+//! control plane can push exactly what a file can say. Parsing is strict (unknown fields are
+//! errors) so a typo never silently becomes a default. Semantic checks live in `snapshot`.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use crate::duration::Dur;
+
+/// The whole bootstrap file.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub node: Node,
+    pub admin: Admin,
+    pub listeners: Vec<Listener>,
+    pub services: Vec<Service>,
+    pub experiments: Vec<Experiment>,
+    pub clusters: Vec<Cluster>,
+    pub telemetry: Telemetry,
+}
+
+/// Workload identity of this sidecar; attached to every metric series and log line.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Node {
+    pub id: String,
+    pub team: String,
+    pub project: String,
+    pub run_id: String,
+    pub job_type: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Admin {
+    /// Loopback by default: the admin API can drain the proxy and dump its config.
+    pub address: String,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Admin { address: "127.0.0.1:9901".into() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// The local app calls the sidecar; traffic leaves the pod.
+    #[default]
+    Outbound,
+    /// In front of the local model server.
+    Inbound,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Listener {
+    pub name: String,
+    pub address: String,
+    pub direction: Direction,
+    /// Largest request head (request line + headers) accepted; larger gets 431.
+    pub max_header_bytes: usize,
+}
+
+impl Default for Listener {
+    fn default() -> Self {
+        Listener {
+            name: String::new(),
+            address: String::new(),
+            direction: Direction::Outbound,
+            max_header_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// A service: the hosts it answers to and its ordered routes (first match wins).
+/// Maps onto an xDS RouteConfiguration with one virtual host.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Service {
+    pub name: String,
+    /// Listener names this service is served on; empty = all listeners.
+    pub listeners: Vec<String>,
+    /// Host/authority values (port stripped, case-insensitive); `*` matches any host.
+    pub hosts: Vec<String>,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Route {
+    pub name: String,
+    #[serde(rename = "match")]
+    pub matcher: RouteMatch,
+    /// Send every request of this route to one cluster...
+    pub cluster: Option<String>,
+    /// ...or split it between the variants of an experiment.
+    pub experiment: Option<String>,
+    /// Time until the response headers, across all tries. Default 60s; 0 = none.
+    pub timeout: Option<Dur>,
+    /// Time for one try until its response headers. Default: none (the route timeout bounds it).
+    pub per_try_timeout: Option<Dur>,
+    /// Longest silence between two body chunks, either direction. Default 5m; 0 = none.
+    /// Deliberately not a total-duration limit, so long LLM token streams are never cut.
+    pub idle_timeout: Option<Dur>,
+    pub retry: Option<RetryPolicy>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteMatch {
+    pub path_exact: Option<String>,
+    pub path_prefix: Option<String>,
+    pub headers: Vec<HeaderMatch>,
+    /// Model name taken from a KServe v2 path (`/v2/models/{name}/...`).
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HeaderMatch {
+    pub name: String,
+    /// Exact value; when absent the header only has to be present.
+    pub exact: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    /// Total tries including the first.
+    pub attempts: u32,
+    /// Conditions: `connect-failure`, `reset`, and status codes as strings ("503").
+    pub on: Vec<String>,
+    pub backoff_base: Dur,
+    pub backoff_max: Dur,
+    /// Retries allowed as a fraction of requests over the last 10 s...
+    pub budget_ratio: f64,
+    /// ...plus this many per second, so a quiet service can still retry.
+    pub budget_min_per_sec: u32,
+    /// A request is replayable only if its whole body fits in this many bytes.
+    pub buffer_bytes: usize,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 2,
+            on: vec!["connect-failure".into(), "reset".into(), "502".into(), "503".into(), "504".into()],
+            backoff_base: Dur::from_millis(25),
+            backoff_max: Dur::from_millis(250),
+            budget_ratio: 0.2,
+            budget_min_per_sec: 10,
+            buffer_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// An A/B experiment: how requests of a route are split between model variants.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Experiment {
+    pub name: String,
+    /// Mixed into the sticky hash; a new salt re-randomizes every unit.
+    pub salt: String,
+    /// Header holding the unit id (user, session); same unit → same variant.
+    pub unit_header: Option<String>,
+    /// Header that forces a variant (for tests); ignored unless `allow_override`.
+    pub override_header: String,
+    pub allow_override: bool,
+    pub variants: Vec<Variant>,
+    pub stratify: Option<Stratify>,
+    pub shadow: Option<Shadow>,
+}
+
+impl Default for Experiment {
+    fn default() -> Self {
+        Experiment {
+            name: String::new(),
+            salt: String::new(),
+            unit_header: None,
+            override_header: "x-weft-variant".into(),
+            allow_override: true,
+            variants: vec![],
+            stratify: None,
+            shadow: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Variant {
+    pub name: String,
+    pub cluster: String,
+    pub weight: u32,
+    pub model_version: String,
+    /// Requests in flight to this variant at once; 0 = unlimited.
+    pub max_concurrency: u32,
+    /// Requests allowed to wait for a concurrency slot; beyond that they are shed with 503.
+    pub max_pending: u32,
+}
+
+/// Per-stratum weights: requests whose `header` value is a key here use those weights.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Stratify {
+    pub header: String,
+    pub weights: BTreeMap<String, BTreeMap<String, u32>>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Shadow {
+    pub cluster: String,
+    /// Label for the shadow's telemetry.
+    pub variant: String,
+    /// Fraction of requests copied, 0.0..=1.0.
+    pub fraction: f64,
+    /// Requests whose body is larger are not shadowed (counted as skipped).
+    pub max_body_bytes: usize,
+    /// The shadow copy gives up after this long.
+    pub timeout: Dur,
+}
+
+impl Default for Shadow {
+    fn default() -> Self {
+        Shadow {
+            cluster: String::new(),
+            variant: "shadow".into(),
+            fraction: 0.0,
+            max_body_bytes: 64 * 1024,
+            timeout: Dur::from_millis(10_000),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LbPolicy {
+    /// Power of two choices over EWMA latency × in-flight.
+    #[default]
+    P2cEwma,
+    RoundRobin,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 with a keep-alive pool.
+    #[default]
+    Http1,
+    /// HTTP/2 prior knowledge (h2c); required for gRPC upstreams.
+    Http2,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Cluster {
+    pub name: String,
+    /// `host:port` of each endpoint (IP literals or names resolved at load).
+    pub endpoints: Vec<String>,
+    pub lb: LbPolicy,
+    pub protocol: UpstreamProtocol,
+    pub connect_timeout: Dur,
+    /// Idle upstream connections kept per endpoint.
+    pub max_idle_per_endpoint: usize,
+    pub circuit_breaker: CircuitBreaker,
+    pub outlier: Option<Outlier>,
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster {
+            name: String::new(),
+            endpoints: vec![],
+            lb: LbPolicy::P2cEwma,
+            protocol: UpstreamProtocol::Http1,
+            connect_timeout: Dur::from_millis(1000),
+            max_idle_per_endpoint: 128,
+            circuit_breaker: CircuitBreaker::default(),
+            outlier: None,
+        }
+    }
+}
+
+/// Per-cluster limits (Envoy's thresholds) plus an optional error-rate breaker.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CircuitBreaker {
+    pub max_connections: u32,
+    pub max_pending: u32,
+    pub max_requests: u32,
+    pub max_retries: u32,
+    pub error_rate: Option<ErrorRate>,
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        CircuitBreaker {
+            max_connections: 1024,
+            max_pending: 1024,
+            max_requests: 1024,
+            max_retries: 3,
+            error_rate: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ErrorRate {
+    /// Open when this percentage of requests in the window failed (5xx or gateway error).
+    pub threshold_pct: f64,
+    /// ...and at least this many requests were seen in the window.
+    pub min_requests: u32,
+    pub window: Dur,
+    pub open_duration: Dur,
+    /// Requests let through while half-open; all must succeed to close.
+    pub half_open_probes: u32,
+}
+
+impl Default for ErrorRate {
+    fn default() -> Self {
+        ErrorRate {
+            threshold_pct: 50.0,
+            min_requests: 20,
+            window: Dur::from_millis(10_000),
+            open_duration: Dur::from_millis(5_000),
+            half_open_probes: 3,
+        }
+    }
+}
+
+/// Passive outlier detection: eject an endpoint after consecutive failures.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Outlier {
+    /// Consecutive 5xx responses that eject; 0 = off.
+    pub consecutive_5xx: u32,
+    /// Consecutive 502/503/504 or connect failures that eject; 0 = off.
+    pub consecutive_gateway_errors: u32,
+    /// Ejection lasts base × number of times ejected...
+    pub base_ejection_time: Dur,
+    /// ...capped here.
+    pub max_ejection_time: Dur,
+    /// Never eject more than this share of the cluster's endpoints.
+    pub max_ejection_pct: u32,
+}
+
+impl Default for Outlier {
+    fn default() -> Self {
+        Outlier {
+            consecutive_5xx: 5,
+            consecutive_gateway_errors: 3,
+            base_ejection_time: Dur::from_millis(30_000),
+            max_ejection_time: Dur::from_millis(300_000),
+            max_ejection_pct: 50,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Telemetry {
+    /// Header carrying the tenant id label.
+    pub tenant_header: String,
+    /// Distinct tenant values that get their own label; later ones are labelled `other`.
+    pub tenant_top_n: usize,
+    /// Header overriding the variant's `model_version` label when the client sends it.
+    pub model_version_header: String,
+    pub access_log: AccessLog,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Telemetry {
+            tenant_header: "x-tenant-id".into(),
+            tenant_top_n: 50,
+            model_version_header: "x-model-version".into(),
+            access_log: AccessLog::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLog {
+    pub enabled: bool,
+    /// Fraction of requests logged, 0.0..=1.0.
+    pub sample: f64,
+    /// File to append JSON lines to; empty = stdout.
+    pub path: String,
+}
+
+impl Default for AccessLog {
+    fn default() -> Self {
+        AccessLog { enabled: false, sample: 1.0, path: String::new() }
+    }
+}
+
+impl Config {
+    /// Parse YAML text. Errors name the line, column and field.
+    pub fn from_yaml(text: &str) -> Result<Config, String> {
+        serde_norway::from_str(text).map_err(|e| format!("invalid YAML: {e}"))
+    }
+}

@@ -1,0 +1,112 @@
+//! weft-proxy: the sidecar data plane.
+//!
+//! Start at [`proxy::handle`] for the request path. Module map:
+//! - config, duration: the YAML bootstrap as written by users;
+//! - snapshot: validated, compiled config, swapped atomically (`arc-swap`) on reload;
+//! - route, assign, limit, shadow: routing, A/B variant assignment, per-variant isolation,
+//!   traffic shadowing;
+//! - cluster, lb, pool, breaker, outlier, retry, window: upstream selection and protection;
+//! - body: streaming bodies (bounded replay copy, idle timeout, end-of-stream accounting);
+//! - telemetry: Prometheus metrics, tenant cardinality limit, access log, traceparent;
+//! - server, admin, reload, worker: sockets, the admin API, hot reload, per-core workers.
+
+pub mod admin;
+pub mod assign;
+pub mod body;
+pub mod breaker;
+pub mod clock;
+pub mod cluster;
+pub mod config;
+pub mod duration;
+pub mod lb;
+pub mod limit;
+pub mod outlier;
+pub mod pool;
+pub mod proxy;
+pub mod reload;
+pub mod retry;
+pub mod route;
+pub mod server;
+pub mod shadow;
+pub mod snapshot;
+pub mod telemetry;
+pub mod window;
+pub mod worker;
+
+use arc_swap::ArcSwap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+
+pub use config::Config;
+pub use server::{Options, Proxy};
+pub use snapshot::Snapshot;
+use telemetry::{Labels, Telemetry};
+
+/// State shared by every worker, the admin API and the reloader.
+pub struct Shared {
+    pub snapshot: ArcSwap<Snapshot>,
+    pub telemetry: Telemetry,
+    pub workers: usize,
+    pub shadows_in_flight: AtomicUsize,
+    /// `true` once draining: listeners stop accepting, connections close when idle.
+    pub draining: tokio::sync::watch::Sender<bool>,
+    reload_lock: Mutex<()>,
+}
+
+impl Shared {
+    fn new(snapshot: Snapshot, telemetry: Telemetry, workers: usize) -> Shared {
+        Shared {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            telemetry,
+            workers,
+            shadows_in_flight: AtomicUsize::new(0),
+            draining: tokio::sync::watch::Sender::new(false),
+            reload_lock: Mutex::new(()),
+        }
+    }
+
+    pub fn empty_labels(&self) -> Labels {
+        let e = self.telemetry.empty.clone();
+        Labels {
+            service: e.clone(),
+            route: e.clone(),
+            variant: e.clone(),
+            cluster: e.clone(),
+            endpoint: e.clone(),
+            status_class: "",
+            model_name: e.clone(),
+            model_version: e.clone(),
+            tenant_id: e,
+            shadow: false,
+        }
+    }
+
+    /// Validate `cfg` against the running snapshot and swap it in. The old snapshot keeps
+    /// serving the requests that started on it. Returns the new version.
+    pub fn apply(&self, cfg: Config) -> Result<u64, String> {
+        let _one_at_a_time = self.reload_lock.lock().unwrap();
+        let result = self.apply_locked(cfg);
+        let outcome = if result.is_ok() { "ok" } else { "rejected" };
+        self.telemetry
+            .counter("weft_config_reloads_total", vec![metrics::Label::new("result", outcome)])
+            .increment(1);
+        result
+    }
+
+    fn apply_locked(&self, cfg: Config) -> Result<u64, String> {
+        let cur = self.snapshot.load();
+        let same_listeners = cfg.listeners.len() == cur.config.listeners.len()
+            && cfg.listeners.iter().zip(&cur.config.listeners).all(|(a, b)| a.name == b.name && a.address == b.address);
+        if !same_listeners {
+            return Err("listeners: names and addresses cannot change on reload; restart the proxy to change them".into());
+        }
+        if cfg.admin != cur.config.admin {
+            return Err("admin: the admin address cannot change on reload; restart the proxy".into());
+        }
+        let snap = Snapshot::compile(cfg, Some(&cur), self.workers, &self.telemetry)?;
+        self.telemetry.configure(&snap.config.telemetry)?;
+        let v = snap.version;
+        self.snapshot.store(Arc::new(snap));
+        Ok(v)
+    }
+}

@@ -1,0 +1,74 @@
+//! Per-variant isolation: at most `max_concurrency` requests in flight to a variant and at most
+//! `max_pending` waiting for a slot. Anything beyond is shed at once (503 + `x-weft-shed`),
+//! so a slow variant cannot queue requests without bound or starve its sibling.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+#[derive(Debug)]
+pub struct Limiter {
+    slots: Option<Arc<Semaphore>>,
+    max_pending: u32,
+    pending: AtomicU32,
+}
+
+/// Held for the whole life of the request, response stream included.
+#[derive(Debug)]
+pub struct Slot(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+
+impl Limiter {
+    /// `max_concurrency` 0 = unlimited.
+    pub fn new(max_concurrency: u32, max_pending: u32) -> Limiter {
+        let slots = (max_concurrency > 0).then(|| Arc::new(Semaphore::new(max_concurrency as usize)));
+        Limiter { slots, max_pending, pending: AtomicU32::new(0) }
+    }
+
+    pub fn pending(&self) -> u32 {
+        self.pending.load(Relaxed)
+    }
+
+    /// A slot, waiting if the pending queue has room; `None` = shed.
+    pub async fn acquire(&self) -> Option<Slot> {
+        let Some(slots) = &self.slots else { return Some(Slot(None)) };
+        if let Ok(p) = slots.clone().try_acquire_owned() {
+            return Some(Slot(Some(p)));
+        }
+        if self.pending.fetch_add(1, Relaxed) >= self.max_pending {
+            self.pending.fetch_sub(1, Relaxed);
+            return None;
+        }
+        let _leave = PendingGuard(&self.pending);
+        slots.clone().acquire_owned().await.ok().map(|p| Slot(Some(p)))
+    }
+}
+
+/// Leaves the pending queue even when the waiting request is cancelled.
+struct PendingGuard<'a>(&'a AtomicU32);
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sheds_beyond_pending() {
+        let l = Arc::new(Limiter::new(1, 1));
+        let held = l.acquire().await.unwrap();
+        let l2 = l.clone();
+        let waiter = tokio::spawn(async move { l2.acquire().await.is_some() });
+        tokio::task::yield_now().await;
+        while l.pending() == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(l.acquire().await.is_none(), "queue full → shed at once");
+        drop(held);
+        assert!(waiter.await.unwrap(), "the queued request gets the slot");
+        assert_eq!(l.pending(), 0);
+        assert!(Limiter::new(0, 0).acquire().await.is_some(), "0 = unlimited");
+    }
+}

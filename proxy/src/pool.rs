@@ -1,0 +1,141 @@
+//! Upstream connections. HTTP/1.1: a stack of idle keep-alive connections per endpoint and
+//! worker, a connection going back on the stack when its response body ends. HTTP/2: one
+//! multiplexed connection per endpoint and worker. Each worker thread has its own pools so a
+//! connection is only ever driven by the runtime that uses it.
+
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+use crate::body::ReqBody;
+use crate::config::UpstreamProtocol;
+
+pub type H1 = http1::SendRequest<ReqBody>;
+pub type H2 = http2::SendRequest<ReqBody>;
+
+/// A connection ready to carry one request.
+pub enum Conn {
+    /// `reused` = it came from the idle stack (so it may have been closed by the peer meanwhile).
+    H1 { sender: H1, reused: bool },
+    H2(H2),
+}
+
+#[derive(Debug)]
+pub enum ConnectError {
+    /// `max_connections` reached for the cluster.
+    Overflow,
+    Failed(String),
+    Timeout,
+}
+
+#[derive(Default)]
+pub struct Pool {
+    idle: Mutex<Vec<H1>>,
+    h2: Mutex<Option<H2>>,
+}
+
+/// Connection-level settings shared by the endpoints of a cluster.
+pub struct Dial<'a> {
+    pub protocol: UpstreamProtocol,
+    pub connect_timeout: Duration,
+    pub max_connections: u32,
+    /// Open connections of the whole cluster.
+    pub open: &'a Arc<AtomicU32>,
+}
+
+impl Pool {
+    pub async fn checkout(&self, addr: SocketAddr, dial: &Dial<'_>) -> Result<Conn, ConnectError> {
+        match dial.protocol {
+            UpstreamProtocol::Http1 => {
+                loop {
+                    let popped = self.idle.lock().unwrap().pop();
+                    let Some(mut sender) = popped else { break };
+                    if sender.is_closed() {
+                        continue;
+                    }
+                    if sender.ready().await.is_ok() {
+                        return Ok(Conn::H1 { sender, reused: true });
+                    }
+                }
+                let stream = connect(addr, dial).await?;
+                let (sender, conn) = http1::Builder::new()
+                    .handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|e| handshake_failed(dial, e))?;
+                spawn_conn(conn, dial.open.clone());
+                Ok(Conn::H1 { sender, reused: false })
+            }
+            UpstreamProtocol::Http2 => {
+                let current = self.h2.lock().unwrap().clone();
+                if let Some(s) = current.filter(|s| !s.is_closed()) {
+                    return Ok(Conn::H2(s));
+                }
+                let stream = connect(addr, dial).await?;
+                let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                    .handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|e| handshake_failed(dial, e))?;
+                spawn_conn(conn, dial.open.clone());
+                *self.h2.lock().unwrap() = Some(sender.clone());
+                Ok(Conn::H2(sender))
+            }
+        }
+    }
+
+    /// Return an HTTP/1.1 connection whose response body was read to the end.
+    pub fn checkin(&self, sender: H1, max_idle: usize) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap();
+        if idle.len() < max_idle {
+            idle.push(sender);
+        }
+    }
+
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap().len() + usize::from(self.h2.lock().unwrap().is_some())
+    }
+}
+
+async fn connect(addr: SocketAddr, dial: &Dial<'_>) -> Result<TcpStream, ConnectError> {
+    if dial.open.fetch_add(1, Relaxed) >= dial.max_connections {
+        dial.open.fetch_sub(1, Relaxed);
+        return Err(ConnectError::Overflow);
+    }
+    let res = tokio::time::timeout(dial.connect_timeout, TcpStream::connect(addr)).await;
+    let stream = match res {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            dial.open.fetch_sub(1, Relaxed);
+            return Err(ConnectError::Failed(e.to_string()));
+        }
+        Err(_) => {
+            dial.open.fetch_sub(1, Relaxed);
+            return Err(ConnectError::Timeout);
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+fn handshake_failed(dial: &Dial<'_>, e: hyper::Error) -> ConnectError {
+    dial.open.fetch_sub(1, Relaxed);
+    ConnectError::Failed(e.to_string())
+}
+
+/// Drive a connection until it closes, then release its slot in the cluster's count.
+fn spawn_conn<F>(conn: F, open: Arc<AtomicU32>)
+where
+    F: std::future::Future + Send + 'static,
+{
+    tokio::spawn(async move {
+        let _ = conn.await;
+        open.fetch_sub(1, Relaxed);
+    });
+}

@@ -1,0 +1,668 @@
+//! The request path, top to bottom. Read `handle` first: each step is one call into the module
+//! that owns it (route → assign → limit → shadow → cluster/lb → retry → pool → telemetry).
+//!
+//! Invariants kept here:
+//! - a request reads one config snapshot from start to end, even if a reload swaps it meanwhile;
+//! - bodies stream; only a bounded copy is kept, for retries and shadows;
+//! - nothing is retried once a response byte went downstream (we only retry on response heads
+//!   we have not forwarded);
+//! - the shadow copy runs in its own task and can never delay or fail the primary.
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use hyper::body::Incoming;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use crate::body::{End, Recorder, ReqBody, RespBody};
+use crate::breaker::Admit;
+use crate::clock::now_ms;
+use crate::cluster::{Cluster, Overflow};
+use crate::config::UpstreamProtocol;
+use crate::outlier::Outcome;
+use crate::pool::{Conn, ConnectError, H1};
+use crate::retry::{self, Failure};
+use crate::route;
+use crate::snapshot::{ExperimentRt, RetryRt, RouteRt, Snapshot, Target, VariantRt};
+use crate::telemetry::{self, Labels};
+use crate::Shared;
+
+static X_WEFT_VARIANT: HeaderName = HeaderName::from_static("x-weft-variant");
+static X_WEFT_SHADOW: HeaderName = HeaderName::from_static("x-weft-shadow");
+static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
+/// Handle one downstream request on listener `li`. Never fails: errors become local responses.
+pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<Incoming>) -> Response<RespBody> {
+    let start = Instant::now();
+    let snap = sh.snapshot.load_full();
+    let version = req.version();
+    let mut labels = sh.empty_labels();
+    let mut resp = match serve(&sh, &snap, li, req, start, &mut labels).await {
+        Ok(resp) => resp,
+        Err(local) => {
+            let resp = local.into_response();
+            labels.status_class = telemetry::status_class(resp.status().as_u16());
+            sh.telemetry.finish(&labels, start.elapsed(), 0);
+            resp
+        }
+    };
+    *resp.version_mut() = version;
+    resp
+}
+
+async fn serve(
+    sh: &Arc<Shared>,
+    snap: &Arc<Snapshot>,
+    li: usize,
+    req: Request<Incoming>,
+    start: Instant,
+    labels: &mut Labels,
+) -> Result<Response<RespBody>, Local> {
+    // 1. Which service: by Host / :authority on this listener.
+    let authority = authority(&req).ok_or_else(|| {
+        Local::new(StatusCode::BAD_REQUEST, "missing_host", "the request has no Host header or :authority")
+    })?;
+    let listener = &snap.listeners[li];
+    let si = listener.hosts.lookup(&authority).ok_or_else(|| {
+        Local::new(
+            StatusCode::NOT_FOUND,
+            "unknown_host",
+            format!("no service on listener {:?} answers to host {authority:?}", &*listener.name),
+        )
+        .with("host", authority.clone())
+    })?;
+    let service = &snap.services[si];
+    labels.service = service.name.clone();
+
+    // 2. Which route: path, headers, KServe model name.
+    let path = req.uri().path();
+    let model = route::kserve_model(path);
+    if let Some(m) = model {
+        labels.model_name = Arc::from(m);
+    }
+    let route = service.routes.iter().find(|r| r.matcher.matches(path, req.headers(), model)).ok_or_else(|| {
+        Local::new(StatusCode::NOT_FOUND, "no_route", format!("service {:?} has no route for {path:?}", &*service.name))
+            .with("path", path.to_string())
+    })?;
+    labels.route = route.name.clone();
+    labels.tenant_id = sh.telemetry.tenant_label(header_str(req.headers(), snap.tenant_header.as_ref()));
+
+    // 3. Which variant (and so which cluster).
+    let (cluster, variant, experiment) = match route.target {
+        Target::Cluster(c) => (&snap.clusters[c], None, None),
+        Target::Experiment(e) => {
+            let exp = &snap.experiments[e];
+            let v = &exp.variants[assign(exp, req.headers())];
+            (&snap.clusters[v.cluster], Some(v), Some(exp))
+        }
+    };
+    labels.cluster = cluster.name.clone();
+    if let Some(v) = variant {
+        labels.variant = v.name.clone();
+        labels.model_version = v.model_version.clone();
+    }
+    if let Some(mv) = header_str(req.headers(), snap.model_version_header.as_ref())
+        .or_else(|| route::kserve_version(path))
+    {
+        labels.model_version = Arc::from(mv);
+    }
+
+    // 4. Per-variant isolation: a slot, or shed at once.
+    let deadline = route.timeout.map(|t| start + t);
+    let slot = match variant {
+        None => None,
+        Some(v) => Some(acquire_slot(v, deadline).await?),
+    };
+
+    // 5. Prepare the upstream request; keep a bounded copy of the body if a retry or a shadow
+    //    may need it.
+    let shadow = experiment.and_then(|e| e.shadow.as_ref()).filter(|s| rand::random::<f64>() < s.fraction);
+    let (mut parts, body) = req.into_parts();
+    let trace = telemetry::traceparent(parts.headers.get(&TRACEPARENT).map(|v| v.as_bytes()));
+    prepare_headers(&mut parts.headers, &authority, &trace.0, variant);
+    let record_limit = route.retry.as_ref().map_or(0, |r| r.buffer_bytes).max(shadow.map_or(0, |s| s.max_body_bytes));
+    let body = Prepared::new(body, record_limit);
+
+    // 6. Shadow copy: fire and forget.
+    if let Some(s) = shadow {
+        crate::shadow::spawn(sh, snap, s, &parts, &authority, &body, labels);
+    }
+
+    // 7. Forward, retrying within policy and budget.
+    let req_parts = ReqParts { method: parts.method, uri: parts.uri, headers: parts.headers, authority };
+    let sent = forward(cluster, route, &req_parts, body, deadline).await?;
+    labels.endpoint = cluster.endpoints[sent.ep].label.clone();
+    labels.status_class = telemetry::status_class(sent.resp.status().as_u16());
+
+    // 8. Respond, streaming the body; telemetry and connection reuse happen when it ends.
+    let (mut rparts, incoming) = sent.resp.into_parts();
+    strip_hop_by_hop(&mut rparts.headers);
+    if let Some(v) = variant {
+        rparts.headers.insert(X_WEFT_VARIANT.clone(), HeaderValue::from_str(&v.name).expect("validated name"));
+    }
+    let on_end = finish_on_end(sh, cluster, sent.ep, sent.h1, slot, labels.clone(), start, sent.attempts - 1, &req_parts, &trace.1);
+    Ok(Response::from_parts(rparts, RespBody::upstream(incoming, route.idle_timeout, on_end)))
+}
+
+/// Choose the variant for a request.
+fn assign(exp: &ExperimentRt, h: &HeaderMap) -> usize {
+    let forced = exp.override_header.as_ref().and_then(|n| h.get(n)).and_then(|v| v.to_str().ok());
+    let unit = exp.unit_header.as_ref().and_then(|n| h.get(n)).map(|v| v.as_bytes());
+    let stratum = exp.stratify_header.as_ref().and_then(|n| h.get(n)).and_then(|v| v.to_str().ok());
+    exp.assigner.assign(forced, unit, stratum, rand::random::<u64>).0
+}
+
+async fn acquire_slot(v: &VariantRt, deadline: Option<Instant>) -> Result<crate::limit::Slot, Local> {
+    let shed = || {
+        Local::new(StatusCode::SERVICE_UNAVAILABLE, "variant_overloaded", format!(
+            "variant {:?} is at its concurrency limit and its pending queue is full", &*v.name
+        ))
+        .header("x-weft-shed", "variant_pending_full")
+    };
+    let acquired = match deadline {
+        None => v.limiter.acquire().await,
+        Some(d) => tokio::time::timeout_at(d.into(), v.limiter.acquire()).await.map_err(|_| {
+            Local::new(StatusCode::GATEWAY_TIMEOUT, "timeout", "route timeout while queued for the variant")
+        })?,
+    };
+    acquired.ok_or_else(shed)
+}
+
+/// What a request looks like to every try.
+pub(crate) struct ReqParts {
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+    pub authority: String,
+}
+
+impl ReqParts {
+    /// The request for one try, in the upstream's protocol.
+    pub(crate) fn build(&self, proto: UpstreamProtocol, body: ReqBody) -> Request<ReqBody> {
+        let pq = self.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method.clone();
+        *req.headers_mut() = self.headers.clone();
+        match proto {
+            UpstreamProtocol::Http1 => {
+                *req.uri_mut() = Uri::try_from(pq).unwrap_or_else(|_| Uri::from_static("/"));
+                *req.version_mut() = Version::HTTP_11;
+            }
+            UpstreamProtocol::Http2 => {
+                *req.uri_mut() = Uri::try_from(format!("http://{}{pq}", self.authority)).unwrap_or_else(|_| Uri::from_static("/"));
+                *req.version_mut() = Version::HTTP_2;
+                req.headers_mut().remove(header::HOST);
+            }
+        }
+        req
+    }
+}
+
+/// The request body, as it is before the first try.
+pub(crate) enum Prepared {
+    Empty,
+    Stream { body: Incoming, recorder: Option<Arc<Recorder>> },
+}
+
+impl Prepared {
+    fn new(body: Incoming, record_limit: usize) -> Prepared {
+        use http_body::Body;
+        if body.is_end_stream() {
+            return Prepared::Empty;
+        }
+        let fits = body.size_hint().upper().is_none_or(|n| n as usize <= record_limit);
+        let recorder = (record_limit > 0 && fits).then(|| Recorder::new(record_limit));
+        Prepared::Stream { body, recorder }
+    }
+
+    pub(crate) fn recorder(&self) -> Option<&Arc<Recorder>> {
+        match self {
+            Prepared::Stream { recorder, .. } => recorder.as_ref(),
+            Prepared::Empty => None,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        matches!(self, Prepared::Empty)
+    }
+}
+
+/// What the first try sends, and how later tries get a body again.
+struct Bodies {
+    first: Option<ReqBody>,
+    replay: Replay,
+}
+
+enum Replay {
+    Empty,
+    Recorded(Arc<Recorder>),
+    Impossible,
+}
+
+impl Bodies {
+    fn new(p: Prepared) -> Bodies {
+        match p {
+            Prepared::Empty => Bodies { first: Some(ReqBody::full(Bytes::new())), replay: Replay::Empty },
+            Prepared::Stream { body, recorder } => Bodies {
+                replay: recorder.clone().map_or(Replay::Impossible, Replay::Recorded),
+                first: Some(ReqBody::Stream { inner: body, recorder }),
+            },
+        }
+    }
+
+    /// The body for the next try; None when the request cannot be replayed.
+    fn next(&mut self) -> Option<ReqBody> {
+        if let Some(b) = self.first.take() {
+            return Some(b);
+        }
+        match &self.replay {
+            Replay::Empty => Some(ReqBody::full(Bytes::new())),
+            Replay::Recorded(r) => r.replay().map(ReqBody::full),
+            Replay::Impossible => None,
+        }
+    }
+
+    /// Could another try get a body? (Checked before spending budget on it.)
+    fn replayable(&self) -> bool {
+        self.first.is_some()
+            || match &self.replay {
+                Replay::Empty => true,
+                Replay::Recorded(r) => r.replay().is_some(),
+                Replay::Impossible => false,
+            }
+    }
+}
+
+struct Sent {
+    resp: Response<Incoming>,
+    ep: usize,
+    h1: Option<H1>,
+    attempts: u32,
+}
+
+/// Send to `cluster`, retrying per the route's policy.
+async fn forward(
+    cluster: &Arc<Cluster>,
+    route: &RouteRt,
+    parts: &ReqParts,
+    body: Prepared,
+    deadline: Option<Instant>,
+) -> Result<Sent, Local> {
+    let policy = route.retry.as_ref();
+    if let Some(p) = policy {
+        p.budget.lock().unwrap().record_request(now_ms());
+    }
+    let mut bodies = Bodies::new(body);
+    let mut tried: Vec<usize> = Vec::new();
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let is_retry = attempt > 1;
+        let outcome = try_once(cluster, route, parts, &mut bodies, &tried, deadline, is_retry).await;
+        let (failure, ep) = match outcome {
+            Ok(mut sent) => {
+                let status = sent.resp.status().as_u16();
+                let retryable = policy.is_some_and(|p| p.on.matches(Failure::Status(status)));
+                if !retryable || !may_retry(cluster, policy, attempt, &bodies, deadline) {
+                    sent.attempts = attempt;
+                    return Ok(sent);
+                }
+                // Dropped unread: its connection is not reused, and its counts end here.
+                release(cluster, sent.ep);
+                (Failure::Status(status), sent.ep)
+            }
+            Err(TryError::Local(l)) => return Err(l),
+            Err(TryError::Failed(f, ep, local)) => {
+                let retryable = policy.is_some_and(|p| p.on.matches(f));
+                if !retryable || !may_retry(cluster, policy, attempt, &bodies, deadline) {
+                    return Err(local);
+                }
+                (f, ep)
+            }
+        };
+        tried.push(ep);
+        let p = policy.expect("only a policy makes a failure retryable");
+        tracing::debug!(cluster = %cluster.name, ?failure, attempt, "retrying");
+        let wait = retry::backoff_ms(p.backoff_base_ms, p.backoff_max_ms, attempt, rand::random());
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+    }
+}
+
+/// Whether one more try is allowed: attempts left, body replayable, time left, cluster
+/// `max_retries` not reached, and the retry budget grants it (checked last: it spends).
+fn may_retry(cluster: &Cluster, policy: Option<&RetryRt>, attempt: u32, bodies: &Bodies, deadline: Option<Instant>) -> bool {
+    let Some(p) = policy else { return false };
+    if attempt >= p.attempts || !bodies.replayable() || deadline.is_some_and(|d| Instant::now() >= d) {
+        return false;
+    }
+    if cluster.retries_active.load(Relaxed) >= cluster.cfg.circuit_breaker.max_retries {
+        cluster.count_overflow(Overflow::MaxRetries);
+        return false;
+    }
+    if !p.budget.lock().unwrap().try_withdraw(now_ms()) {
+        cluster.budget_exhausted.increment(1);
+        return false;
+    }
+    true
+}
+
+enum TryError {
+    /// Not retryable at all (overflow, no endpoint): answer with this.
+    Local(Local),
+    /// The try failed on endpoint `.1`; `.2` is the answer if we stop here.
+    Failed(Failure, usize, Local),
+}
+
+/// One try: thresholds, breaker, endpoint pick, connection, request, response head.
+async fn try_once(
+    cluster: &Arc<Cluster>,
+    route: &RouteRt,
+    parts: &ReqParts,
+    bodies: &mut Bodies,
+    tried: &[usize],
+    deadline: Option<Instant>,
+    is_retry: bool,
+) -> Result<Sent, TryError> {
+    let limits = &cluster.cfg.circuit_breaker;
+    if cluster.active.load(Relaxed) >= limits.max_requests {
+        return Err(TryError::Local(overflow(cluster, Overflow::MaxRequests)));
+    }
+    let admit = cluster.admit();
+    if admit == Admit::No {
+        return Err(TryError::Local(overflow(cluster, Overflow::BreakerOpen)));
+    }
+    let probe = admit == Admit::Probe;
+    let ep_i = cluster.pick(tried).ok_or_else(|| {
+        TryError::Local(
+            Local::new(StatusCode::SERVICE_UNAVAILABLE, "no_healthy_endpoint", format!(
+                "cluster {:?} has no healthy endpoint (all {} ejected)", &*cluster.name, cluster.endpoints.len()
+            ))
+            .with("cluster", cluster.name.to_string()),
+        )
+    })?;
+    let ep = &cluster.endpoints[ep_i];
+
+    // The try's time limit: the per-try timeout, cut short by the route deadline.
+    let now = Instant::now();
+    let limit = match (route.per_try_timeout.map(|t| now + t), deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let _retry_guard = is_retry.then(|| Counted::new(&cluster.retries_active));
+    ep.load.start();
+    cluster.active.fetch_add(1, Relaxed);
+    cluster.in_flight.increment(1.0);
+    let started = Instant::now();
+    let exchange = exchange(cluster, ep_i, parts, bodies);
+    let result = match limit {
+        None => exchange.await,
+        Some(l) => tokio::time::timeout_at(l.into(), exchange).await.unwrap_or(Err(Attempt::Timeout)),
+    };
+    match result {
+        Ok((resp, h1)) => {
+            ep.load.observe(started.elapsed().as_micros() as f64);
+            cluster.record(ep_i, Outcome::from_status(resp.status().as_u16()), probe);
+            // `active`/in-flight are released when the response body ends (see finish_on_end),
+            // or right here if the caller drops this response to retry.
+            Ok(Sent { resp, ep: ep_i, h1, attempts: 0 })
+        }
+        Err(a) => {
+            release(cluster, ep_i);
+            if !matches!(a, Attempt::Overflow) {
+                cluster.record(ep_i, Outcome::GatewayError, probe);
+            }
+            Err(a.into_error(cluster, ep_i, deadline))
+        }
+    }
+}
+
+/// Decrement the in-flight counts taken by `try_once`.
+fn release(cluster: &Cluster, ep: usize) {
+    cluster.endpoints[ep].load.end();
+    cluster.active.fetch_sub(1, Relaxed);
+    cluster.in_flight.decrement(1.0);
+}
+
+enum Attempt {
+    Connect(String),
+    Overflow,
+    Pending,
+    Reset(String),
+    Timeout,
+    NoBody,
+}
+
+impl Attempt {
+    fn into_error(self, cluster: &Cluster, ep: usize, deadline: Option<Instant>) -> TryError {
+        let who = format!("{} ({})", &*cluster.name, &*cluster.endpoints[ep].label);
+        match self {
+            Attempt::Connect(e) => TryError::Failed(Failure::ConnectFailure, ep, Local::new(
+                StatusCode::SERVICE_UNAVAILABLE, "upstream_connect_failure", format!("cannot connect to {who}: {e}"),
+            )),
+            Attempt::Reset(e) => TryError::Failed(Failure::Reset, ep, Local::new(
+                StatusCode::BAD_GATEWAY, "upstream_reset", format!("{who} failed before responding: {e}"),
+            )),
+            Attempt::Timeout => {
+                let route_timeout = deadline.is_some_and(|d| Instant::now() >= d);
+                TryError::Failed(Failure::Timeout, ep, Local::new(
+                    StatusCode::GATEWAY_TIMEOUT, "upstream_timeout",
+                    format!("{who} did not respond within the {} timeout", if route_timeout { "route" } else { "per-try" }),
+                ))
+            }
+            Attempt::Overflow => TryError::Local(overflow(cluster, Overflow::MaxConnections)),
+            Attempt::Pending => TryError::Local(overflow(cluster, Overflow::MaxPending)),
+            Attempt::NoBody => TryError::Local(Local::new(
+                StatusCode::BAD_GATEWAY, "not_replayable", "the request body could not be replayed for a retry",
+            )),
+        }
+    }
+}
+
+/// Get a connection and send the request; resolves at the response head.
+async fn exchange(
+    cluster: &Cluster,
+    ep_i: usize,
+    parts: &ReqParts,
+    bodies: &mut Bodies,
+) -> Result<(Response<Incoming>, Option<H1>), Attempt> {
+    let ep = &cluster.endpoints[ep_i];
+    let dial = cluster.dial();
+    if cluster.pending.fetch_add(1, Relaxed) >= cluster.cfg.circuit_breaker.max_pending {
+        cluster.pending.fetch_sub(1, Relaxed);
+        return Err(Attempt::Pending);
+    }
+    let conn = {
+        let _pending = Counted::adopt(&cluster.pending);
+        ep.pool().checkout(ep.addr, &dial).await
+    };
+    let conn = match conn {
+        Ok(c) => c,
+        Err(ConnectError::Overflow) => return Err(Attempt::Overflow),
+        Err(ConnectError::Failed(e)) => return Err(Attempt::Connect(e)),
+        Err(ConnectError::Timeout) => return Err(Attempt::Connect("connect timeout".into())),
+    };
+    // The body is taken only now: a connect failure leaves it untouched for the next try.
+    let body = bodies.next().ok_or(Attempt::NoBody)?;
+    let req = parts.build(ep.protocol, body);
+    match conn {
+        Conn::H2(mut s) => s.send_request(req).await.map(|r| (r, None)).map_err(|e| Attempt::Reset(e.to_string())),
+        Conn::H1 { mut sender, reused } => match sender.try_send_request(req).await {
+            Ok(r) => Ok((r, Some(sender))),
+            Err(mut e) => {
+                // A pooled connection the peer closed meanwhile: if hyper hands the request
+                // back unsent, resend it once on a fresh connection (not a retry).
+                let Some(req) = e.take_message().filter(|_| reused) else {
+                    return Err(Attempt::Reset(e.into_error().to_string()));
+                };
+                let fresh = crate::pool::Pool::default();
+                match fresh.checkout(ep.addr, &dial).await {
+                    Ok(Conn::H1 { mut sender, .. }) => sender
+                        .send_request(req)
+                        .await
+                        .map(|r| (r, Some(sender)))
+                        .map_err(|e| Attempt::Reset(e.to_string())),
+                    Ok(Conn::H2(_)) => unreachable!("an HTTP/1 pool dials HTTP/1"),
+                    Err(_) => Err(Attempt::Connect("reconnect after stale pooled connection failed".into())),
+                }
+            }
+        },
+    }
+}
+
+/// The closure run when the response body ends: free the counts, reuse the connection, record
+/// telemetry, release the variant slot.
+#[allow(clippy::too_many_arguments)]
+fn finish_on_end(
+    sh: &Arc<Shared>,
+    cluster: &Arc<Cluster>,
+    ep: usize,
+    h1: Option<H1>,
+    slot: Option<crate::limit::Slot>,
+    labels: Labels,
+    start: Instant,
+    retries: u32,
+    parts: &ReqParts,
+    trace_id: &str,
+) -> crate::body::OnEnd {
+    let sh = sh.clone();
+    let cluster = cluster.clone();
+    let log = sh.telemetry.access_log_enabled().then(|| (parts.method.clone(), parts.uri.clone(), trace_id.to_string()));
+    Box::new(move |end: End| {
+        release(&cluster, ep);
+        if let (End::Complete, Some(sender)) = (end, h1) {
+            cluster.endpoints[ep].pool().checkin(sender, cluster.cfg.max_idle_per_endpoint);
+        }
+        let elapsed = start.elapsed();
+        sh.telemetry.finish(&labels, elapsed, retries);
+        if let Some((method, uri, trace)) = log {
+            sh.telemetry.access_log(|| serde_json::json!({
+                "time_ms": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+                "method": method.as_str(), "path": uri.to_string(), "service": &*labels.service,
+                "route": &*labels.route, "variant": &*labels.variant, "cluster": &*labels.cluster,
+                "endpoint": &*labels.endpoint, "status_class": labels.status_class,
+                "model_name": &*labels.model_name, "tenant_id": &*labels.tenant_id,
+                "duration_ms": elapsed.as_secs_f64() * 1000.0, "retries": retries,
+                "end": format!("{end:?}"), "trace_id": trace,
+            }));
+        }
+        drop(slot);
+    })
+}
+
+fn overflow(cluster: &Cluster, o: Overflow) -> Local {
+    cluster.count_overflow(o);
+    Local::new(StatusCode::SERVICE_UNAVAILABLE, "overflow", format!("cluster {:?} refused the request: {}", &*cluster.name, o.as_str()))
+        .header("x-weft-overflow", o.as_str())
+        .with("cluster", cluster.name.to_string())
+}
+
+/// An atomic count held for a scope.
+struct Counted<'a>(&'a std::sync::atomic::AtomicU32);
+impl<'a> Counted<'a> {
+    fn new(c: &'a std::sync::atomic::AtomicU32) -> Self {
+        c.fetch_add(1, Relaxed);
+        Counted(c)
+    }
+    /// Take over a count already added.
+    fn adopt(c: &'a std::sync::atomic::AtomicU32) -> Self {
+        Counted(c)
+    }
+}
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+fn authority(req: &Request<Incoming>) -> Option<String> {
+    if let Some(a) = req.uri().authority() {
+        return Some(a.as_str().to_string());
+    }
+    req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).filter(|h| !h.is_empty()).map(str::to_string)
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: Option<&HeaderName>) -> Option<&'a str> {
+    name.and_then(|n| h.get(n)).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty())
+}
+
+/// Headers that describe one hop, not the message; never forwarded (RFC 9110 §7.6.1).
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in listed {
+        h.remove(n);
+    }
+    for n in [header::CONNECTION, header::TRANSFER_ENCODING, header::UPGRADE, header::PROXY_AUTHENTICATE] {
+        h.remove(n);
+    }
+    h.remove("keep-alive");
+    h.remove("proxy-connection");
+    // gRPC needs `te: trailers` end to end; any other TE value is hop-by-hop.
+    if h.get(header::TE).is_some_and(|v| v != "trailers") {
+        h.remove(header::TE);
+    }
+}
+
+fn prepare_headers(h: &mut HeaderMap, authority: &str, traceparent: &str, variant: Option<&VariantRt>) {
+    strip_hop_by_hop(h);
+    if !h.contains_key(header::HOST) {
+        if let Ok(v) = HeaderValue::from_str(authority) {
+            h.insert(header::HOST, v);
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(traceparent) {
+        h.insert(TRACEPARENT.clone(), v);
+    }
+    if let Some(v) = variant {
+        // Tell the model server which arm it serves (and keep a forced override consistent).
+        h.insert(X_WEFT_VARIANT.clone(), HeaderValue::from_str(&v.name).expect("validated name"));
+    }
+}
+
+pub(crate) fn shadow_header() -> (HeaderName, HeaderValue) {
+    (X_WEFT_SHADOW.clone(), HeaderValue::from_static("true"))
+}
+
+/// A response the proxy makes itself: JSON naming what went wrong.
+pub struct Local {
+    status: StatusCode,
+    body: serde_json::Map<String, serde_json::Value>,
+    headers: Vec<(&'static str, String)>,
+}
+
+impl Local {
+    pub fn new(status: StatusCode, error: &str, message: impl Into<String>) -> Local {
+        let mut body = serde_json::Map::new();
+        body.insert("error".into(), error.into());
+        body.insert("message".into(), message.into().into());
+        Local { status, body, headers: vec![("x-weft-error", error.to_string())] }
+    }
+    pub fn with(mut self, k: &str, v: String) -> Local {
+        self.body.insert(k.into(), v.into());
+        self
+    }
+    pub fn header(mut self, k: &'static str, v: &str) -> Local {
+        self.headers.push((k, v.to_string()));
+        self
+    }
+    pub fn into_response(self) -> Response<RespBody> {
+        let mut text = serde_json::to_vec(&self.body).unwrap_or_default();
+        text.push(b'\n');
+        let mut r = Response::new(RespBody::local(text));
+        *r.status_mut() = self.status;
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        for (k, v) in self.headers {
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                r.headers_mut().insert(k, v);
+            }
+        }
+        r
+    }
+}

@@ -1,0 +1,100 @@
+//! Traffic shadowing: a copy of a sampled request goes to the shadow cluster in its own task.
+//! The copy waits for the primary to finish reading the request body (bounded by
+//! `max_body_bytes` and the shadow timeout), so the primary never waits for the shadow. Its
+//! response is read to the end, measured (labelled `shadow="true"`) and discarded.
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use metrics::Label;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use crate::body::ReqBody;
+use crate::outlier::Outcome;
+use crate::pool::Conn;
+use crate::proxy::{Prepared, ReqParts};
+use crate::snapshot::{ShadowRt, Snapshot};
+use crate::telemetry::{self, Labels};
+use crate::Shared;
+
+/// Shadow copies in flight per proxy; beyond this, copies are skipped rather than queued.
+pub const MAX_IN_FLIGHT: usize = 1024;
+
+pub(crate) fn spawn(
+    sh: &Arc<Shared>,
+    snap: &Arc<Snapshot>,
+    s: &ShadowRt,
+    parts: &http::request::Parts,
+    authority: &str,
+    body: &Prepared,
+    primary: &Labels,
+) {
+    let skip = |reason: &'static str| {
+        sh.telemetry.counter("weft_shadow_skipped_total", vec![Label::new("reason", reason)]).increment(1);
+    };
+    let recorder = body.recorder().cloned();
+    if !body.is_empty() && recorder.is_none() {
+        return skip("body_too_large");
+    }
+    if sh.shadows_in_flight.fetch_add(1, Relaxed) >= MAX_IN_FLIGHT {
+        sh.shadows_in_flight.fetch_sub(1, Relaxed);
+        return skip("too_many_in_flight");
+    }
+    let cluster = snap.clusters[s.cluster].clone();
+    let mut headers = parts.headers.clone();
+    let (k, v) = crate::proxy::shadow_header();
+    headers.insert(k, v);
+    headers.remove("x-weft-variant");
+    let req = ReqParts { method: parts.method.clone(), uri: parts.uri.clone(), headers, authority: authority.to_string() };
+    let mut labels = primary.clone();
+    labels.variant = s.variant.clone();
+    labels.cluster = cluster.name.clone();
+    labels.shadow = true;
+    let timeout = s.timeout;
+    let sh = sh.clone();
+    tokio::spawn(async move {
+        let start = Instant::now();
+        let run = async {
+            let data = match &recorder {
+                None => Bytes::new(),
+                Some(r) => r.wait_complete(timeout).await.ok_or("body_too_large")?,
+            };
+            let ep_i = cluster.pick(&[]).ok_or("no_healthy_endpoint")?;
+            let ep = &cluster.endpoints[ep_i];
+            let conn = ep.pool().checkout(ep.addr, &cluster.dial()).await.map_err(|_| "connect_failure")?;
+            let r = req.build(ep.protocol, ReqBody::full(data));
+            let (resp, h1) = match conn {
+                Conn::H1 { mut sender, .. } => (sender.send_request(r).await, Some(sender)),
+                Conn::H2(mut s) => (s.send_request(r).await, None),
+            };
+            let resp = resp.map_err(|_| "reset")?;
+            let status = resp.status().as_u16();
+            let complete = resp.into_body().collect().await.is_ok();
+            cluster.record(ep_i, Outcome::from_status(status), false);
+            if let (true, Some(s)) = (complete, h1) {
+                ep.pool().checkin(s, cluster.cfg.max_idle_per_endpoint);
+            }
+            Ok::<_, &'static str>((status, ep.label.clone()))
+        };
+        let result = tokio::time::timeout(timeout, run).await.unwrap_or(Err("timeout"));
+        match result {
+            Ok((status, endpoint)) => {
+                labels.status_class = telemetry::status_class(status);
+                labels.endpoint = endpoint;
+            }
+            Err("body_too_large") => {
+                // Never sent: not a shadow request, just a skipped one.
+                sh.telemetry.counter("weft_shadow_skipped_total", vec![Label::new("reason", "body_too_large")]).increment(1);
+                sh.shadows_in_flight.fetch_sub(1, Relaxed);
+                return;
+            }
+            Err(reason) => {
+                labels.status_class = "5xx";
+                tracing::debug!(reason, "shadow copy failed");
+            }
+        }
+        sh.telemetry.finish(&labels, start.elapsed(), 0);
+        sh.shadows_in_flight.fetch_sub(1, Relaxed);
+    });
+}

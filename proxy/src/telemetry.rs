@@ -1,0 +1,341 @@
+//! Telemetry: Prometheus metrics labelled by variant, model and tenant; the tenant cardinality
+//! limit; the sampled JSON access log; W3C `traceparent` propagation.
+//!
+//! Each proxy instance owns its own Prometheus recorder (not the process-global one), so
+//! several proxies in one process (tests) keep separate `/metrics`. Handles are registered
+//! once per label set and cached, so the hot path does one hash lookup and a few atomic adds.
+
+use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::config;
+
+const META: Metadata<'static> = Metadata::new("weft", metrics::Level::INFO, None);
+
+/// Latency buckets in seconds: sub-ms proxy hops up to multi-minute LLM streams.
+const BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0,
+];
+
+/// The labels of one request's series. Strings are shared with the config snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Labels {
+    pub service: Arc<str>,
+    pub route: Arc<str>,
+    pub variant: Arc<str>,
+    pub cluster: Arc<str>,
+    pub endpoint: Arc<str>,
+    pub status_class: &'static str,
+    pub model_name: Arc<str>,
+    pub model_version: Arc<str>,
+    pub tenant_id: Arc<str>,
+    pub shadow: bool,
+}
+
+impl Labels {
+    fn to_metric_labels(&self) -> Vec<Label> {
+        vec![
+            Label::new("service", self.service.to_string()),
+            Label::new("route", self.route.to_string()),
+            Label::new("variant", self.variant.to_string()),
+            Label::new("cluster", self.cluster.to_string()),
+            Label::new("endpoint", self.endpoint.to_string()),
+            Label::new("status_class", self.status_class),
+            Label::new("model_name", self.model_name.to_string()),
+            Label::new("model_version", self.model_version.to_string()),
+            Label::new("tenant_id", self.tenant_id.to_string()),
+            Label::new("shadow", if self.shadow { "true" } else { "false" }),
+        ]
+    }
+}
+
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// Handles of one request series.
+pub struct Series {
+    pub requests: Counter,
+    pub duration: Histogram,
+    pub retries: Counter,
+}
+
+/// The key is already a hash; don't hash it again.
+#[derive(Default)]
+struct IdHasher(u64);
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) ^ *b as u64;
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type SeriesMap = HashMap<u64, Vec<(Labels, Arc<Series>)>, BuildHasherDefault<IdHasher>>;
+
+pub struct Telemetry {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    series: Mutex<SeriesMap>,
+    tenants: Mutex<HashSet<Arc<str>>>,
+    tenant_limit: AtomicUsize,
+    access_log: Mutex<Option<AccessLog>>,
+    pub other: Arc<str>,
+    pub empty: Arc<str>,
+}
+
+struct AccessLog {
+    sample: f64,
+    out: Box<dyn Write + Send>,
+}
+
+impl Telemetry {
+    pub fn new(node: &config::Node) -> Telemetry {
+        let mut b = PrometheusBuilder::new()
+            .set_buckets(BUCKETS)
+            .expect("static bucket list is non-empty");
+        for (k, v) in [
+            ("node", &node.id),
+            ("team", &node.team),
+            ("project", &node.project),
+            ("run_id", &node.run_id),
+            ("job_type", &node.job_type),
+        ] {
+            b = b.add_global_label(k, v.clone());
+        }
+        let recorder = b.build_recorder();
+        let handle = recorder.handle();
+        let t = Telemetry {
+            recorder,
+            handle,
+            series: Mutex::new(HashMap::default()),
+            tenants: Mutex::new(HashSet::new()),
+            tenant_limit: AtomicUsize::new(50),
+            access_log: Mutex::new(None),
+            other: Arc::from("other"),
+            empty: Arc::from(""),
+        };
+        t.describe();
+        t
+    }
+
+    fn describe(&self) {
+        let d = |name: &'static str, help: &'static str| {
+            self.recorder.describe_counter(name.into(), None, help.into());
+        };
+        d("weft_requests_total", "Requests by service, route, variant, cluster, endpoint, status class, model, tenant; shadow copies labelled shadow=\"true\".");
+        d("weft_request_duration_seconds", "Time from request received to response body end.");
+        d("weft_retries_total", "Upstream retries (attempts after the first).");
+        d("weft_requests_in_flight", "Requests in flight per cluster and variant.");
+        d("weft_circuit_breaker_state", "Error-rate breaker state per cluster: 0 closed, 1 open, 2 half-open.");
+        d("weft_circuit_breaker_transitions_total", "Breaker state changes per cluster and new state.");
+        d("weft_overflow_total", "Requests refused by a cluster threshold (max_requests, max_pending, max_connections, max_retries, breaker_open).");
+        d("weft_shed_total", "Requests shed by a variant's concurrency/pending limit.");
+        d("weft_outlier_ejections_total", "Endpoints ejected by outlier detection.");
+        d("weft_endpoint_ejected", "1 while an endpoint is ejected.");
+        d("weft_shadow_skipped_total", "Shadow copies not sent, by reason.");
+        d("weft_retry_budget_exhausted_total", "Retries refused by the retry budget.");
+        d("weft_config_reloads_total", "Config reloads by result (ok, rejected).");
+    }
+
+    /// Apply the telemetry section of a new config (tenant limit, access log).
+    pub fn configure(&self, t: &config::Telemetry) -> Result<(), String> {
+        let log = if t.access_log.enabled {
+            let out: Box<dyn Write + Send> = if t.access_log.path.is_empty() {
+                Box::new(std::io::stdout())
+            } else {
+                Box::new(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&t.access_log.path)
+                        .map_err(|e| format!("telemetry.access_log.path {:?}: {e}", t.access_log.path))?,
+                )
+            };
+            Some(AccessLog { sample: t.access_log.sample, out })
+        } else {
+            None
+        };
+        *self.access_log.lock().unwrap() = log;
+        // Already-admitted tenants keep their label when the limit shrinks: relabelling a live
+        // series would break its counters.
+        self.tenant_limit.store(t.tenant_top_n, Relaxed);
+        Ok(())
+    }
+
+    /// The tenant label for a header value: the first `tenant_top_n` distinct values get their
+    /// own label, every later one is `other`, so a client cannot blow up series cardinality.
+    pub fn tenant_label(&self, value: Option<&str>) -> Arc<str> {
+        let Some(v) = value.filter(|v| !v.is_empty()) else { return self.empty.clone() };
+        let mut set = self.tenants.lock().unwrap();
+        if let Some(found) = set.get(v) {
+            return found.clone();
+        }
+        if set.len() < self.tenant_limit.load(Relaxed) {
+            let a: Arc<str> = Arc::from(v);
+            set.insert(a.clone());
+            return a;
+        }
+        self.other.clone()
+    }
+
+    /// Handles for a label set, registered on first use.
+    pub fn series(&self, labels: &Labels) -> Arc<Series> {
+        let mut h = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(labels, &mut h);
+        let key = h.finish();
+        let mut map = self.series.lock().unwrap();
+        let bucket = map.entry(key).or_default();
+        if let Some((_, s)) = bucket.iter().find(|(l, _)| l == labels) {
+            return s.clone();
+        }
+        let ml = labels.to_metric_labels();
+        let s = Arc::new(Series {
+            requests: self.counter("weft_requests_total", ml.clone()),
+            duration: self.histogram("weft_request_duration_seconds", ml.clone()),
+            retries: self.counter("weft_retries_total", ml),
+        });
+        bucket.push((labels.clone(), s.clone()));
+        s
+    }
+
+    pub fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {
+        self.recorder.register_counter(&Key::from_parts(name, labels), &META)
+    }
+    pub fn gauge(&self, name: &'static str, labels: Vec<Label>) -> Gauge {
+        self.recorder.register_gauge(&Key::from_parts(name, labels), &META)
+    }
+    pub fn histogram(&self, name: &'static str, labels: Vec<Label>) -> Histogram {
+        self.recorder.register_histogram(&Key::from_parts(name, labels), &META)
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    /// Drain histogram samples into their buckets; run periodically so an unscraped proxy
+    /// does not accumulate raw samples.
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
+    /// Record a finished request (or shadow copy).
+    pub fn finish(&self, labels: &Labels, duration: Duration, retries: u32) {
+        let s = self.series(labels);
+        s.requests.increment(1);
+        s.duration.record(duration.as_secs_f64());
+        if retries > 0 {
+            s.retries.increment(retries as u64);
+        }
+    }
+
+    pub fn access_log_enabled(&self) -> bool {
+        self.access_log.lock().unwrap().is_some()
+    }
+
+    /// Write one JSON access-log line if this request is sampled.
+    pub fn access_log(&self, line: impl FnOnce() -> serde_json::Value) {
+        let mut guard = self.access_log.lock().unwrap();
+        let Some(log) = guard.as_mut() else { return };
+        if log.sample < 1.0 && rand::random::<f64>() >= log.sample {
+            return;
+        }
+        let mut text = line().to_string();
+        text.push('\n');
+        let _ = log.out.write_all(text.as_bytes());
+        let _ = log.out.flush();
+    }
+}
+
+/// W3C trace context: continue the caller's trace with a new span id, or start a trace.
+/// Returns the `traceparent` to send upstream and the trace id for logs.
+pub fn traceparent(incoming: Option<&[u8]>) -> (String, String) {
+    let span: u64 = loop {
+        let s = rand::random::<u64>();
+        if s != 0 {
+            break s;
+        }
+    };
+    if let Some((trace, flags)) = incoming.and_then(parse_traceparent) {
+        return (format!("00-{trace}-{span:016x}-{flags}"), trace.to_string());
+    }
+    let trace: u128 = loop {
+        let t = rand::random::<u128>();
+        if t != 0 {
+            break t;
+        }
+    };
+    (format!("00-{trace:032x}-{span:016x}-01"), format!("{trace:032x}"))
+}
+
+/// `00-<32 hex trace>-<16 hex parent>-<2 hex flags>` → (trace, flags); None if malformed.
+fn parse_traceparent(v: &[u8]) -> Option<(&str, &str)> {
+    let s = std::str::from_utf8(v).ok()?;
+    let mut parts = s.trim().split('-');
+    let (ver, trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |x: &str, n: usize| x.len() == n && x.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+    let ok = hex(ver, 2) && ver != "ff" && hex(trace, 32) && hex(parent, 16) && hex(flags, 2)
+        && trace.bytes().any(|b| b != b'0') && parent.bytes().any(|b| b != b'0');
+    ok.then_some((trace, flags))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_cardinality_is_capped() {
+        let t = Telemetry::new(&config::Node::default());
+        t.configure(&config::Telemetry { tenant_top_n: 2, ..Default::default() }).unwrap();
+        assert_eq!(&*t.tenant_label(Some("a")), "a");
+        assert_eq!(&*t.tenant_label(Some("b")), "b");
+        assert_eq!(&*t.tenant_label(Some("c")), "other");
+        assert_eq!(&*t.tenant_label(Some("a")), "a");
+        assert_eq!(&*t.tenant_label(None), "");
+    }
+
+    #[test]
+    fn traceparent_continues_or_starts() {
+        let inc = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let (out, trace) = traceparent(Some(inc));
+        assert_eq!(trace, "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert!(out.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+        assert!(!out.contains("00f067aa0ba902b7"), "a new span id");
+        let (fresh, _) = traceparent(Some(b"garbage"));
+        assert_eq!(fresh.len(), 55);
+        assert!(parse_traceparent(fresh.as_bytes()).is_some());
+        assert!(parse_traceparent(b"00-00000000000000000000000000000000-00f067aa0ba902b7-01").is_none());
+    }
+
+    #[test]
+    fn series_render_with_identity_labels() {
+        let node = config::Node { id: "n1".into(), team: "ml".into(), ..Default::default() };
+        let t = Telemetry::new(&node);
+        let l = Labels { variant: Arc::from("b"), status_class: "2xx", ..Default::default() };
+        t.finish(&l, Duration::from_millis(3), 1);
+        t.finish(&l, Duration::from_millis(3), 0);
+        let text = t.render();
+        let line = text.lines().find(|l| l.starts_with("weft_requests_total{")).unwrap();
+        assert!(line.contains("variant=\"b\"") && line.contains("team=\"ml\"") && line.ends_with(" 2"), "{line}");
+    }
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Run every test in the workspace: unit tests, property tests, and the end-to-end tests that
+# start real proxies and upstream servers on loopback. This is the README's test command.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast "$@"
+else
+  echo "cargo-nextest not found; using cargo test (install: cargo install cargo-nextest)"
+  cargo test --workspace --no-fail-fast "$@"
+fi
