@@ -1,0 +1,172 @@
+//! Routing and A/B assignment through a real proxy to real upstreams on loopback.
+
+use std::collections::HashMap;
+use weft_tests::*;
+
+fn ab_config(a: &Upstream, b: &Upstream, experiment_extra: &str, weights: (u32, u32)) -> String {
+    format!(
+        r#"
+admin: {{address: "127.0.0.1:0"}}
+listeners: [{{name: out, address: "127.0.0.1:0"}}]
+services:
+  - name: ranker
+    hosts: [ranker]
+    routes:
+      - {{name: infer, match: {{path_prefix: /v2/models/}}, experiment: ab}}
+      - {{name: other, match: {{path_prefix: /}}, cluster: a}}
+experiments:
+  - name: ab
+    salt: s1
+    variants:
+      - {{name: a, cluster: a, weight: {wa}}}
+      - {{name: b, cluster: b, weight: {wb}}}
+{experiment_extra}
+clusters:
+  - {{name: a, endpoints: ["{}"]}}
+  - {{name: b, endpoints: ["{}"]}}
+"#,
+        a.addr,
+        b.addr,
+        wa = weights.0,
+        wb = weights.1
+    )
+}
+
+/// Send `n` requests with up to 32 in flight; count the variant each got.
+async fn split(addr: std::net::SocketAddr, n: usize, headers: impl Fn(usize) -> Vec<(String, String)>) -> HashMap<String, usize> {
+    let c = client();
+    let mut counts = HashMap::new();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        if set.len() >= 32 {
+            let v: String = set.join_next().await.unwrap().unwrap();
+            *counts.entry(v).or_default() += 1;
+        }
+        let c = c.clone();
+        let h = headers(i);
+        set.spawn(async move {
+            let hs: Vec<(&str, &str)> = h.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let (s, headers, _) = get(&c, addr, "ranker", "/v2/models/m/infer", &hs).await;
+            assert_eq!(s, 200);
+            headers["x-weft-variant"].to_str().unwrap().to_string()
+        });
+    }
+    while let Some(v) = set.join_next().await {
+        *counts.entry(v.unwrap()).or_default() += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_hold_within_chi_square_over_10000_requests() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let p = start_proxy(&ab_config(&a, &b, "", (70, 30)));
+    let n = 10_000;
+    let counts = split(p.listener_addrs[0], n, |_| vec![]).await;
+    let (oa, ob) = (counts["a"] as f64, counts["b"] as f64);
+    let (ea, eb) = (0.7 * n as f64, 0.3 * n as f64);
+    let chi2 = (oa - ea).powi(2) / ea + (ob - eb).powi(2) / eb;
+    // 1 degree of freedom: P(chi2 > 10.83) = 0.001.
+    assert!(chi2 < 10.83, "a={oa} b={ob} chi2={chi2}");
+    assert_eq!(a.hits() + b.hits(), n as u64, "every request reached exactly one upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_id_always_gets_the_same_variant() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let p = start_proxy(&ab_config(&a, &b, "    unit_header: x-user-id", (50, 50)));
+    let c = client();
+    let mut seen: HashMap<String, String> = HashMap::new();
+    for round in 0..5 {
+        for u in 0..100 {
+            let user = format!("user-{u}");
+            let (_, h, _) = get(&c, p.listener_addrs[0], "ranker", "/v2/models/m/infer", &[("x-user-id", &user)]).await;
+            let v = h["x-weft-variant"].to_str().unwrap().to_string();
+            if round == 0 {
+                seen.insert(user, v);
+            } else {
+                assert_eq!(seen[&user], v, "{user} switched variant in round {round}");
+            }
+        }
+    }
+    let bs = seen.values().filter(|v| *v == "b").count();
+    assert!((25..=75).contains(&bs), "sticky split is still ~50/50: b={bs}/100");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strata_override_and_disabled_override() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let extra = "    stratify: {header: x-tenant-id, weights: {gold: {b: 1}}}";
+    let p = start_proxy(&ab_config(&a, &b, extra, (100, 0)));
+    let addr = p.listener_addrs[0];
+    let gold = split(addr, 200, |_| vec![("x-tenant-id".into(), "gold".into())]).await;
+    assert_eq!(gold.get("b"), Some(&200), "the gold stratum uses its own weights");
+    let plain = split(addr, 200, |_| vec![]).await;
+    assert_eq!(plain.get("a"), Some(&200));
+    let forced = split(addr, 20, |_| vec![("x-weft-variant".into(), "b".into())]).await;
+    assert_eq!(forced.get("b"), Some(&20), "override header forces the variant");
+
+    let locked = start_proxy(&ab_config(&a, &b, "    allow_override: false", (100, 0)));
+    let ignored = split(locked.listener_addrs[0], 20, |_| vec![("x-weft-variant".into(), "b".into())]).await;
+    assert_eq!(ignored.get("a"), Some(&20), "override ignored when disabled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_host_and_route_get_json_404_naming_them() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let p = start_proxy(&ab_config(&a, &b, "", (1, 1)));
+    let c = client();
+    let (s, h, body) = get(&c, p.listener_addrs[0], "nosuch.svc", "/", &[]).await;
+    assert_eq!(s, 404);
+    assert_eq!(h["content-type"], "application/json");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"], "unknown_host");
+    assert_eq!(v["host"], "nosuch.svc");
+    assert_eq!(a.hits() + b.hits(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_http_400_and_oversized_headers_431() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let p = start_proxy(&ab_config(&a, &b, "", (1, 1)));
+    let addr = p.listener_addrs[0];
+    let garbage = raw(addr, b"GET / HTTP/1.1\r\nHost ranker\r\n\r\n").await;
+    assert!(garbage.starts_with("HTTP/1.1 400"), "{garbage}");
+    let big = format!("GET / HTTP/1.1\r\nHost: ranker\r\nx-big: {}\r\n\r\n", "a".repeat(100_000));
+    let resp = raw(addr, big.as_bytes()).await;
+    assert!(resp.starts_with("HTTP/1.1 431"), "{resp}");
+    let no_host = raw(addr, b"GET / HTTP/1.0\r\n\r\n").await;
+    assert!(no_host.starts_with("HTTP/1.0 400") || no_host.starts_with("HTTP/1.1 400"), "{no_host}");
+    assert!(no_host.contains("missing_host"), "{no_host}");
+    // The proxy still serves after all that.
+    let (s, _, _) = get(&client(), addr, "ranker", "/x", &[]).await;
+    assert_eq!(s, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kserve_model_name_and_traceparent() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let extra = "";
+    let mut cfg = ab_config(&a, &b, extra, (1, 0));
+    cfg = cfg.replace("match: {path_prefix: /v2/models/}", "match: {path_prefix: /v2/models/, model: resnet}");
+    let p = start_proxy(&cfg);
+    let c = client();
+    let addr = p.listener_addrs[0];
+    let (_, h, _) = get(&c, addr, "ranker", "/v2/models/resnet/infer", &[]).await;
+    assert_eq!(h["x-weft-variant"], "a", "the model route matched");
+    let (_, h, _) = get(&c, addr, "ranker", "/v2/models/bert/infer", &[]).await;
+    assert!(h.get("x-weft-variant").is_none(), "another model falls through to the default route");
+
+    // traceparent: created when absent, continued (same trace id, new span) when present.
+    let (_, _, body) = get(&c, addr, "ranker", "/headers", &[]).await;
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let tp = seen["traceparent"].as_str().unwrap();
+    assert_eq!(tp.len(), 55, "{tp}");
+    let incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let (_, _, body) = get(&c, addr, "ranker", "/headers", &[("traceparent", incoming)]).await;
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let tp = seen["traceparent"].as_str().unwrap();
+    assert!(tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && !tp.contains("00f067aa0ba902b7"), "{tp}");
+    let metrics = admin_get(p.admin_addr, "/metrics").await.1;
+    assert!(metric_sum(&metrics, "weft_requests_total", &[("model_name", "resnet"), ("variant", "a")]) >= 1.0, "{metrics}");
+}
