@@ -71,8 +71,15 @@ impl Breaker {
         }
     }
 
-    pub fn admit(&mut self, now_ms: u64) -> Admit {
+    /// Whether a request may go now, and the new state if asking moved it (open → half-open).
+    pub fn admit(&mut self, now_ms: u64) -> (Admit, Option<State>) {
+        let before = self.state;
         self.state = self.state(now_ms);
+        let changed = (self.state.code() != before.code()).then_some(self.state);
+        (self.admit_in_state(), changed)
+    }
+
+    fn admit_in_state(&mut self) -> Admit {
         match &mut self.state {
             State::Closed => Admit::Yes,
             State::Open { .. } => Admit::No,
@@ -131,18 +138,18 @@ mod tests {
     fn opens_half_opens_and_closes() {
         let mut b = breaker();
         for i in 0..9 {
-            assert_eq!(b.admit(100 + i), Admit::Yes);
+            assert_eq!(b.admit(100 + i).0, Admit::Yes);
             assert_eq!(b.record(100 + i, false, false), None, "below min_requests");
         }
         assert_eq!(b.record(120, false, false), Some(State::Open { until_ms: 5_120 }));
-        assert_eq!(b.admit(3_000), Admit::No);
+        assert_eq!(b.admit(3_000).0, Admit::No);
         // After open_duration: half-open, two probes, then refuse until they report.
-        assert_eq!(b.admit(5_200), Admit::Probe);
-        assert_eq!(b.admit(5_201), Admit::Probe);
-        assert_eq!(b.admit(5_202), Admit::No);
+        assert_eq!(b.admit(5_200).0, Admit::Probe);
+        assert_eq!(b.admit(5_201).0, Admit::Probe);
+        assert_eq!(b.admit(5_202).0, Admit::No);
         assert_eq!(b.record(5_300, true, true), None);
         assert_eq!(b.record(5_301, true, true), Some(State::Closed));
-        assert_eq!(b.admit(5_302), Admit::Yes);
+        assert_eq!(b.admit(5_302).0, Admit::Yes);
         // The window was cleared: one failure does not re-open.
         assert_eq!(b.record(5_303, false, false), None);
     }
@@ -153,7 +160,7 @@ mod tests {
         for i in 0..10 {
             b.record(i, false, false);
         }
-        assert_eq!(b.admit(6_000), Admit::Probe);
+        assert_eq!(b.admit(6_000).0, Admit::Probe);
         assert_eq!(b.record(6_001, false, true), Some(State::Open { until_ms: 11_001 }));
     }
 

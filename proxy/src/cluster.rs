@@ -209,12 +209,9 @@ impl Cluster {
         match &self.breaker {
             None => Admit::Yes,
             Some(b) => {
-                let mut b = b.lock().unwrap();
-                let before = b.state(now_ms());
-                let a = b.admit(now_ms());
-                let after = b.state(now_ms());
-                if before.code() != after.code() {
-                    self.note_transition(after);
+                let (a, changed) = b.lock().unwrap().admit(now_ms());
+                if let Some(s) = changed {
+                    self.note_transition(s);
                 }
                 a
             }
