@@ -79,13 +79,16 @@ impl Recorder {
     pub async fn wait_complete(&self, timeout: Duration) -> Option<Bytes> {
         let wait = async {
             loop {
+                // Register for the wake-up before looking, so an end in between is not missed.
                 let notified = self.done.notified();
-                match self.state.lock().unwrap().status {
-                    RecStatus::Recording => {}
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let status = self.state.lock().unwrap().status;
+                match status {
+                    RecStatus::Recording => notified.await,
                     RecStatus::Complete => return self.replay(),
                     RecStatus::Overflow => return None,
                 }
-                notified.await;
             }
         };
         tokio::time::timeout(timeout, wait).await.ok().flatten()
@@ -128,12 +131,19 @@ impl Body for ReqBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.project() {
             ReqProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            ReqProj::Stream { inner, recorder } => {
-                let frame = ready!(inner.poll_frame(cx));
+            ReqProj::Stream { mut inner, recorder } => {
+                let frame = ready!(inner.as_mut().poll_frame(cx));
                 if let Some(rec) = recorder.as_ref() {
                     match &frame {
                         Some(Ok(f)) => match f.data_ref() {
-                            Some(d) => rec.push(d),
+                            Some(d) => {
+                                rec.push(d);
+                                // With a content-length, hyper stops polling once the body is
+                                // complete, so the end is seen here, not as a `None` frame.
+                                if inner.is_end_stream() {
+                                    rec.end(RecStatus::Complete);
+                                }
+                            }
                             None => rec.end(RecStatus::Overflow), // trailers: not replayable
                         },
                         Some(Err(_)) => rec.end(RecStatus::Overflow),

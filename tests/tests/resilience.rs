@@ -212,3 +212,31 @@ clusters: [{{name: a, endpoints: ["{}"]}}, {{name: b, endpoints: ["{}"]}}]
     let (s, _, _) = get(&client(), addr, "s", "/", &[("x-weft-variant", "b")]).await;
     assert_eq!(s, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_body_is_replayed_on_retry_but_never_past_the_buffer() {
+    let (bad, good) = (Upstream::start("bad").await, Upstream::start("good").await);
+    bad.status.store(503, SeqCst);
+    let retry = "        retry: {attempts: 2, backoff_base: 1ms, backoff_max: 1ms, budget_ratio: 1.0, buffer_bytes: 1024}";
+    let p = start_proxy(&cluster_config(&[&bad, &good], retry, "    lb: round_robin"));
+    let c = client();
+    let post = |len: usize| {
+        let req = http::Request::post(format!("http://{}/echo", p.listener_addrs[0]))
+            .header("host", "svc")
+            .body(full(vec![b'x'; len]))
+            .unwrap();
+        c.request(req)
+    };
+    // Small bodies: whichever endpoint comes first, the answer comes from `good` with the whole body.
+    for _ in 0..6 {
+        let r = post(512).await.unwrap();
+        assert_eq!((r.status().as_u16(), r.headers()["x-body-len"].to_str().unwrap()), (200, "512"));
+        assert_eq!(r.headers()["x-upstream"], "good");
+    }
+    // A body over buffer_bytes is not replayable: a 503 from `bad` is passed on, not retried.
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(post(4096).await.unwrap().status().as_u16());
+    }
+    assert!(statuses.contains(&503) && statuses.contains(&200), "{statuses:?}");
+}

@@ -1,0 +1,153 @@
+//! Hot reload (in-process and through the real binary: file change, SIGHUP), invalid configs
+//! rejected while the old one keeps serving, the admin API, drain.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::time::Duration;
+use weft_tests::*;
+
+fn config(admin: &str, listen: &str, a: &Upstream, b: &Upstream, wa: u32, wb: u32) -> String {
+    format!(
+        r#"
+admin: {{address: "{admin}"}}
+listeners: [{{name: out, address: "{listen}"}}]
+services: [{{name: s, hosts: [s], routes: [{{name: r, experiment: e}}]}}]
+experiments:
+  - name: e
+    variants: [{{name: a, cluster: a, weight: {wa}}}, {{name: b, cluster: b, weight: {wb}}}]
+clusters: [{{name: a, endpoints: ["{}"]}}, {{name: b, endpoints: ["{}"]}}]
+"#,
+        a.addr, b.addr
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_reloads_during_steady_traffic_lose_nothing() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let p = start_proxy(&config("127.0.0.1:0", "127.0.0.1:0", &a, &b, 1, 0));
+    let addr = p.listener_addrs[0];
+    let (admin, listen) = (p.admin_addr.to_string(), addr.to_string());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut load = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
+        load.spawn(async move {
+            let c = client();
+            while !stop.load(SeqCst) {
+                let (s, _, _) = get(&c, addr, "s", "/", &[]).await;
+                sent.fetch_add(1, SeqCst);
+                if s != 200 {
+                    failed.fetch_add(1, SeqCst);
+                }
+            }
+        });
+    }
+    for i in 0..50u32 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let v = p.reload(weft_proxy::Config::from_yaml(&config(&admin, &listen, &a, &b, 50 - i, i + 1)).unwrap()).unwrap();
+        assert_eq!(v, 2 + i as u64);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stop.store(true, SeqCst);
+    while load.join_next().await.is_some() {}
+    let n = sent.load(SeqCst);
+    assert!(n > 200, "traffic kept flowing: {n}");
+    assert_eq!(failed.load(SeqCst), 0, "{} of {n} requests failed across 50 reloads", failed.load(SeqCst));
+    assert_eq!(a.hits() + b.hits(), n);
+    assert!(b.hits() > 0 && a.hits() > 0, "the changing weights took effect");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_reload_is_rejected_and_old_config_serves() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let p = start_proxy(&config("127.0.0.1:0", "127.0.0.1:0", &a, &b, 1, 0));
+    let (admin, listen) = (p.admin_addr.to_string(), p.listener_addrs[0].to_string());
+    let bad = config(&admin, &listen, &a, &b, 1, 0).replace("cluster: b, weight", "cluster: nope, weight");
+    let err = p.reload(weft_proxy::Config::from_yaml(&bad).unwrap()).unwrap_err();
+    assert!(err.contains("unknown cluster \"nope\""), "{err}");
+    let (s, h, _) = get(&client(), p.listener_addrs[0], "s", "/", &[]).await;
+    assert_eq!((s.as_u16(), h["x-weft-variant"].to_str().unwrap()), (200, "a"));
+    let dump: serde_json::Value = serde_json::from_str(&admin_get(p.admin_addr, "/config_dump").await.1).unwrap();
+    assert_eq!(dump["version"], 1);
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert_eq!(metric_sum(&m, "weft_config_reloads_total", &[("result", "rejected")]), 1.0);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Kills the child on drop so a failing test leaves no process behind.
+struct Child(std::process::Child);
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn wait_ready(admin: &str) {
+    for _ in 0..100 {
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(admin)).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("proxy admin {admin} never came up");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_reloads_on_file_change_and_sighup_and_drains() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let dir = std::env::temp_dir().join(format!("weft-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("proxy.yaml");
+    let (admin, listen) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    std::fs::write(&path, config(&admin, &listen, &a, &b, 1, 0)).unwrap();
+    let child = std::process::Command::new(workspace_bin("weft-proxy"))
+        .args(["--config", path.to_str().unwrap(), "--watch-interval", "100ms", "--log", "warn"])
+        .spawn()
+        .unwrap();
+    let mut child = Child(child);
+    wait_ready(&admin).await;
+    let admin_addr: std::net::SocketAddr = admin.parse().unwrap();
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+    let variant = || async { get(&client(), addr, "s", "/", &[]).await.1["x-weft-variant"].to_str().unwrap().to_string() };
+    assert_eq!(variant().await, "a");
+
+    // File change → picked up by polling.
+    std::fs::write(&path, config(&admin, &listen, &a, &b, 0, 1)).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(variant().await, "b");
+
+    // An invalid file is rejected; the running config keeps serving.
+    std::fs::write(&path, "listeners: [ this is not valid").unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(variant().await, "b");
+
+    // SIGHUP rereads (same content as a previous version, so polling alone would not notice).
+    std::fs::write(&path, config(&admin, &listen, &a, &b, 1, 0)).unwrap();
+    let _ = std::process::Command::new("kill").args(["-HUP", &child.0.id().to_string()]).status();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(variant().await, "a");
+    let dump: serde_json::Value = serde_json::from_str(&admin_get(admin_addr, "/config_dump").await.1).unwrap();
+    assert!(dump["version"].as_u64().unwrap() >= 3, "{dump}");
+
+    // Admin API and drain.
+    assert_eq!(admin_get(admin_addr, "/live").await.0, 200);
+    assert_eq!(admin_get(admin_addr, "/ready").await.0, 200);
+    let clusters = admin_get(admin_addr, "/clusters").await.1;
+    assert!(clusters.contains(&a.addr.to_string()), "{clusters}");
+    let post = http::Request::post(format!("http://{admin}/drain")).body(full(bytes::Bytes::new())).unwrap();
+    assert_eq!(client().request(post).await.unwrap().status(), 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(admin_get(admin_addr, "/ready").await.0, 503, "not ready once draining");
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "listener closed");
+
+    // SIGTERM exits cleanly.
+    let _ = std::process::Command::new("kill").arg(child.0.id().to_string()).status();
+    let status = tokio::task::spawn_blocking(move || child.0.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}

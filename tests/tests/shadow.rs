@@ -1,0 +1,84 @@
+//! Shadow copies are measured but can never slow down or fail the primary request.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
+use weft_tests::*;
+
+fn shadow_config(primary: &Upstream, shadow: std::net::SocketAddr, fraction: f64) -> String {
+    format!(
+        r#"
+admin: {{address: "127.0.0.1:0"}}
+listeners: [{{name: out, address: "127.0.0.1:0"}}]
+services: [{{name: s, hosts: [s], routes: [{{name: r, experiment: e}}]}}]
+experiments:
+  - name: e
+    variants: [{{name: a, cluster: a, weight: 1}}]
+    shadow: {{cluster: shadow, variant: candidate, fraction: {fraction}, timeout: 3s, max_body_bytes: 1024}}
+clusters:
+  - {{name: a, endpoints: ["{}"]}}
+  - {{name: shadow, endpoints: ["{shadow}"]}}
+"#,
+        primary.addr
+    )
+}
+
+async fn timed_gets(addr: std::net::SocketAddr, n: usize, body: Option<usize>) -> Duration {
+    let c = client();
+    let mut worst = Duration::ZERO;
+    for _ in 0..n {
+        let t = Instant::now();
+        let mut req = http::Request::post(format!("http://{addr}/echo")).header("host", "s");
+        let b = vec![1u8; body.unwrap_or(0)];
+        req = req.header("content-length", b.len());
+        let resp = c.request(req.body(full(b)).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), 200, "the primary always succeeds");
+        http_body_util::BodyExt::collect(resp.into_body()).await.unwrap();
+        worst = worst.max(t.elapsed());
+    }
+    worst
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_shadow_does_not_slow_the_primary() {
+    let (primary, shadow) = (Upstream::start("a").await, Upstream::start("shadow").await);
+    shadow.delay_ms.store(1500, SeqCst);
+    let p = start_proxy(&shadow_config(&primary, shadow.addr, 1.0));
+    let worst = timed_gets(p.listener_addrs[0], 20, Some(100)).await;
+    assert!(worst < Duration::from_millis(500), "slowest primary {worst:?} with a 1.5 s shadow");
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(shadow.hits(), 20, "every request was copied");
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert_eq!(metric_sum(&m, "weft_requests_total", &[("shadow", "true"), ("variant", "candidate"), ("status_class", "2xx")]), 20.0, "{m}");
+    assert_eq!(metric_sum(&m, "weft_requests_total", &[("shadow", "false"), ("variant", "a")]), 20.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_shadow_does_not_fail_the_primary() {
+    let primary = Upstream::start("a").await;
+    let dead = Upstream::start("dead").await;
+    let dead_addr = dead.addr;
+    dead.stop();
+    drop(dead);
+    let p = start_proxy(&shadow_config(&primary, dead_addr, 1.0));
+    timed_gets(p.listener_addrs[0], 20, Some(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert_eq!(metric_sum(&m, "weft_requests_total", &[("shadow", "true"), ("status_class", "5xx")]), 20.0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_respects_fraction_and_body_bound() {
+    let (primary, shadow) = (Upstream::start("a").await, Upstream::start("shadow").await);
+    let p = start_proxy(&shadow_config(&primary, shadow.addr, 0.25));
+    timed_gets(p.listener_addrs[0], 400, Some(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let copied = shadow.hits();
+    assert!((60..=140).contains(&copied), "25% of 400 copied: {copied}");
+    // Bodies above max_body_bytes (1 KiB) are not shadowed, but the primary still succeeds.
+    let before = shadow.hits();
+    timed_gets(p.listener_addrs[0], 40, Some(4096)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(shadow.hits(), before);
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert!(metric_sum(&m, "weft_shadow_skipped_total", &[("reason", "body_too_large")]) >= 1.0, "{m}");
+}
