@@ -121,7 +121,7 @@ async fn serve(
     let shadow = experiment.and_then(|e| e.shadow.as_ref()).filter(|s| rand::random::<f64>() < s.fraction);
     let (mut parts, body) = req.into_parts();
     let trace = telemetry::traceparent(parts.headers.get(&TRACEPARENT).map(|v| v.as_bytes()));
-    prepare_headers(&mut parts.headers, &authority, &trace.0, variant);
+    prepare_headers(&mut parts.headers, &authority, &trace, variant);
     let record_limit = route.retry.as_ref().map_or(0, |r| r.buffer_bytes).max(shadow.map_or(0, |s| s.max_body_bytes));
     let body = Prepared::new(body, record_limit);
 
@@ -131,8 +131,8 @@ async fn serve(
     }
 
     // 7. Forward, retrying within policy and budget.
-    let req_parts = ReqParts { method: parts.method, uri: parts.uri, headers: parts.headers, authority };
-    let sent = forward(cluster, route, &req_parts, body, deadline).await?;
+    let mut req_parts = ReqParts { method: parts.method, uri: parts.uri, headers: parts.headers, authority };
+    let sent = forward(cluster, route, &mut req_parts, body, deadline).await?;
     labels.endpoint = cluster.endpoints[sent.ep].label.clone();
     labels.status_class = telemetry::status_class(sent.resp.status().as_u16());
 
@@ -142,7 +142,7 @@ async fn serve(
     if let Some(v) = variant {
         rparts.headers.insert(X_WEFT_VARIANT.clone(), HeaderValue::from_str(&v.name).expect("validated name"));
     }
-    let on_end = finish_on_end(sh, cluster, sent.ep, sent.h1, slot, labels.clone(), start, sent.attempts - 1, &req_parts, &trace.1);
+    let on_end = finish_on_end(sh, cluster, sent.ep, sent.h1, slot, labels.clone(), start, sent.attempts - 1, &req_parts, telemetry::trace_id(&trace));
     Ok(Response::from_parts(rparts, RespBody::upstream(incoming, route.idle_timeout, on_end)))
 }
 
@@ -179,12 +179,13 @@ pub(crate) struct ReqParts {
 }
 
 impl ReqParts {
-    /// The request for one try, in the upstream's protocol.
-    pub(crate) fn build(&self, proto: UpstreamProtocol, body: ReqBody) -> Request<ReqBody> {
-        let pq = self.uri.path_and_query().map_or("/", |p| p.as_str());
+    /// The request for one try, in the upstream's protocol. `last`: no try can follow, so the
+    /// headers are moved rather than copied.
+    pub(crate) fn build(&mut self, proto: UpstreamProtocol, body: ReqBody, last: bool) -> Request<ReqBody> {
         let mut req = Request::new(body);
         *req.method_mut() = self.method.clone();
-        *req.headers_mut() = self.headers.clone();
+        *req.headers_mut() = if last { std::mem::take(&mut self.headers) } else { self.headers.clone() };
+        let pq = self.uri.path_and_query().map_or("/", |p| p.as_str());
         match proto {
             UpstreamProtocol::Http1 => {
                 *req.uri_mut() = Uri::try_from(pq).unwrap_or_else(|_| Uri::from_static("/"));
@@ -286,7 +287,7 @@ struct Sent {
 async fn forward(
     cluster: &Arc<Cluster>,
     route: &RouteRt,
-    parts: &ReqParts,
+    parts: &mut ReqParts,
     body: Prepared,
     deadline: Option<Instant>,
 ) -> Result<Sent, Local> {
@@ -359,7 +360,7 @@ enum TryError {
 async fn try_once(
     cluster: &Arc<Cluster>,
     route: &RouteRt,
-    parts: &ReqParts,
+    parts: &mut ReqParts,
     bodies: &mut Bodies,
     tried: &[usize],
     deadline: Option<Instant>,
@@ -395,7 +396,8 @@ async fn try_once(
     cluster.active.fetch_add(1, Relaxed);
     cluster.in_flight.increment(1.0);
     let started = Instant::now();
-    let exchange = exchange(cluster, ep_i, parts, bodies);
+    let last = route.retry.as_ref().is_none_or(|r| r.attempts <= 1);
+    let exchange = exchange(cluster, ep_i, parts, bodies, last);
     let result = match limit {
         None => exchange.await,
         Some(l) => tokio::time::timeout_at(l.into(), exchange).await.unwrap_or(Err(Attempt::Timeout)),
@@ -464,8 +466,9 @@ impl Attempt {
 async fn exchange(
     cluster: &Cluster,
     ep_i: usize,
-    parts: &ReqParts,
+    parts: &mut ReqParts,
     bodies: &mut Bodies,
+    last: bool,
 ) -> Result<(Response<Incoming>, Option<H1>), Attempt> {
     let ep = &cluster.endpoints[ep_i];
     let dial = cluster.dial();
@@ -485,7 +488,7 @@ async fn exchange(
     };
     // The body is taken only now: a connect failure leaves it untouched for the next try.
     let body = bodies.next().ok_or(Attempt::NoBody)?;
-    let req = parts.build(ep.protocol, body);
+    let req = parts.build(ep.protocol, body, last);
     match conn {
         Conn::H2(mut s) => s.send_request(req).await.map(|r| (r, None)).map_err(|e| Attempt::Reset(e.to_string())),
         Conn::H1 { mut sender, reused } => match sender.try_send_request(req).await {
@@ -610,14 +613,14 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-fn prepare_headers(h: &mut HeaderMap, authority: &str, traceparent: &str, variant: Option<&VariantRt>) {
+fn prepare_headers(h: &mut HeaderMap, authority: &str, traceparent: &[u8], variant: Option<&VariantRt>) {
     strip_hop_by_hop(h);
     if !h.contains_key(header::HOST) {
         if let Ok(v) = HeaderValue::from_str(authority) {
             h.insert(header::HOST, v);
         }
     }
-    if let Ok(v) = HeaderValue::from_str(traceparent) {
+    if let Ok(v) = HeaderValue::from_bytes(traceparent) {
         h.insert(TRACEPARENT.clone(), v);
     }
     if let Some(v) = variant {

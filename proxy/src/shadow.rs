@@ -46,7 +46,7 @@ pub(crate) fn spawn(
     let (k, v) = crate::proxy::shadow_header();
     headers.insert(k, v);
     headers.remove("x-weft-variant");
-    let req = ReqParts { method: parts.method.clone(), uri: parts.uri.clone(), headers, authority: authority.to_string() };
+    let mut req = ReqParts { method: parts.method.clone(), uri: parts.uri.clone(), headers, authority: authority.to_string() };
     let mut labels = primary.clone();
     labels.variant = s.variant.clone();
     labels.cluster = cluster.name.clone();
@@ -63,7 +63,7 @@ pub(crate) fn spawn(
             let ep_i = cluster.pick(&[]).ok_or("no_healthy_endpoint")?;
             let ep = &cluster.endpoints[ep_i];
             let conn = ep.pool().checkout(ep.addr, &cluster.dial()).await.map_err(|_| "connect_failure")?;
-            let r = req.build(ep.protocol, ReqBody::full(data));
+            let r = req.build(ep.protocol, ReqBody::full(data), true);
             let (resp, h1) = match conn {
                 Conn::H1 { mut sender, .. } => (sender.send_request(r).await, Some(sender)),
                 Conn::H2(mut s) => (s.send_request(r).await, None),

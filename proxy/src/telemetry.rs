@@ -73,6 +73,28 @@ pub struct Series {
     pub retries: Counter,
 }
 
+/// FxHash (rustc's hasher): a few cycles per word instead of SipHash's rounds. The series cache
+/// is keyed by our own label values, so hash flooding is not a concern.
+#[derive(Default)]
+struct FxHasher(u64);
+impl Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.write_u64(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        for b in chunks.remainder() {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
 /// The key is already a hash; don't hash it again.
 #[derive(Default)]
 struct IdHasher(u64);
@@ -200,7 +222,7 @@ impl Telemetry {
 
     /// Handles for a label set, registered on first use.
     pub fn series(&self, labels: &Labels) -> Arc<Series> {
-        let mut h = std::hash::DefaultHasher::new();
+        let mut h = FxHasher::default();
         std::hash::Hash::hash(labels, &mut h);
         let key = h.finish();
         let mut map = self.series.lock().unwrap();
@@ -268,35 +290,45 @@ impl Telemetry {
 }
 
 /// W3C trace context: continue the caller's trace with a new span id, or start a trace.
-/// Returns the `traceparent` to send upstream and the trace id for logs.
-pub fn traceparent(incoming: Option<&[u8]>) -> (String, String) {
-    let span: u64 = loop {
-        let s = rand::random::<u64>();
-        if s != 0 {
-            break s;
+/// Returns the `traceparent` value to send upstream (`00-<trace>-<span>-<flags>`), written
+/// without `format!` since it runs on every request.
+pub fn traceparent(incoming: Option<&[u8]>) -> [u8; 55] {
+    let mut out = *b"00-00000000000000000000000000000000-0000000000000000-01";
+    match incoming.and_then(parse_traceparent) {
+        Some((trace, flags)) => {
+            out[3..35].copy_from_slice(trace);
+            out[53..55].copy_from_slice(flags);
         }
-    };
-    if let Some((trace, flags)) = incoming.and_then(parse_traceparent) {
-        return (format!("00-{trace}-{span:016x}-{flags}"), trace.to_string());
+        None => hex_into(&mut out[3..35], rand::random::<u128>().max(1)),
     }
-    let trace: u128 = loop {
-        let t = rand::random::<u128>();
-        if t != 0 {
-            break t;
-        }
-    };
-    (format!("00-{trace:032x}-{span:016x}-01"), format!("{trace:032x}"))
+    hex_into(&mut out[36..52], rand::random::<u64>().max(1) as u128);
+    out
+}
+
+/// The trace id inside a `traceparent` value produced by [`traceparent`].
+pub fn trace_id(tp: &[u8; 55]) -> &str {
+    std::str::from_utf8(&tp[3..35]).unwrap_or("")
+}
+
+/// Lowercase hex of the low `out.len() * 4` bits of `v`, most significant first.
+fn hex_into(out: &mut [u8], mut v: u128) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in out.iter_mut().rev() {
+        *b = HEX[(v & 0xf) as usize];
+        v >>= 4;
+    }
 }
 
 /// `00-<32 hex trace>-<16 hex parent>-<2 hex flags>` → (trace, flags); None if malformed.
-fn parse_traceparent(v: &[u8]) -> Option<(&str, &str)> {
-    let s = std::str::from_utf8(v).ok()?;
-    let mut parts = s.trim().split('-');
-    let (ver, trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    let hex = |x: &str, n: usize| x.len() == n && x.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
-    let ok = hex(ver, 2) && ver != "ff" && hex(trace, 32) && hex(parent, 16) && hex(flags, 2)
-        && trace.bytes().any(|b| b != b'0') && parent.bytes().any(|b| b != b'0');
-    ok.then_some((trace, flags))
+fn parse_traceparent(v: &[u8]) -> Option<(&[u8], &[u8])> {
+    if v.len() != 55 || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
+        return None;
+    }
+    let hex = |x: &[u8]| x.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+    let (ver, trace, parent, flags) = (&v[0..2], &v[3..35], &v[36..52], &v[53..55]);
+    let nonzero = |x: &[u8]| x.iter().any(|b| *b != b'0');
+    (hex(ver) && ver != b"ff" && hex(trace) && hex(parent) && hex(flags) && nonzero(trace) && nonzero(parent))
+        .then_some((trace, flags))
 }
 
 #[cfg(test)]
@@ -317,13 +349,14 @@ mod tests {
     #[test]
     fn traceparent_continues_or_starts() {
         let inc = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let (out, trace) = traceparent(Some(inc));
-        assert_eq!(trace, "4bf92f3577b34da6a3ce929d0e0e4736");
+        let out = traceparent(Some(inc));
+        assert_eq!(trace_id(&out), "4bf92f3577b34da6a3ce929d0e0e4736");
+        let out = std::str::from_utf8(&out).unwrap();
         assert!(out.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
         assert!(!out.contains("00f067aa0ba902b7"), "a new span id");
-        let (fresh, _) = traceparent(Some(b"garbage"));
-        assert_eq!(fresh.len(), 55);
-        assert!(parse_traceparent(fresh.as_bytes()).is_some());
+        let fresh = traceparent(Some(b"garbage"));
+        assert!(parse_traceparent(&fresh).is_some(), "{}", std::str::from_utf8(&fresh).unwrap());
+        assert_ne!(trace_id(&fresh), trace_id(&traceparent(None)), "new traces get new ids");
         assert!(parse_traceparent(b"00-00000000000000000000000000000000-00f067aa0ba902b7-01").is_none());
     }
 
