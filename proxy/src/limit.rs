@@ -2,6 +2,7 @@
 //! `max_pending` waiting for a slot. Anything beyond is shed at once (503 + `x-weft-shed`),
 //! so a slow variant cannot queue requests without bound or starve its sibling.
 
+use metrics::Gauge;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -9,19 +10,34 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 #[derive(Debug)]
 pub struct Limiter {
     slots: Option<Arc<Semaphore>>,
+    /// Requests holding a slot right now (`weft_variant_requests_in_flight`).
+    in_flight: Gauge,
     max_pending: u32,
     pending: AtomicU32,
 }
 
 /// Held for the whole life of the request, response stream included.
-#[derive(Debug)]
-pub struct Slot(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+pub struct Slot {
+    _permit: Option<OwnedSemaphorePermit>,
+    in_flight: Gauge,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.in_flight.decrement(1.0);
+    }
+}
 
 impl Limiter {
     /// `max_concurrency` 0 = unlimited.
-    pub fn new(max_concurrency: u32, max_pending: u32) -> Limiter {
+    pub fn new(max_concurrency: u32, max_pending: u32, in_flight: Gauge) -> Limiter {
         let slots = (max_concurrency > 0).then(|| Arc::new(Semaphore::new(max_concurrency as usize)));
-        Limiter { slots, max_pending, pending: AtomicU32::new(0) }
+        Limiter { slots, in_flight, max_pending, pending: AtomicU32::new(0) }
+    }
+
+    fn slot(&self, permit: Option<OwnedSemaphorePermit>) -> Slot {
+        self.in_flight.increment(1.0);
+        Slot { _permit: permit, in_flight: self.in_flight.clone() }
     }
 
     pub fn pending(&self) -> u32 {
@@ -30,16 +46,16 @@ impl Limiter {
 
     /// A slot, waiting if the pending queue has room; `None` = shed.
     pub async fn acquire(&self) -> Option<Slot> {
-        let Some(slots) = &self.slots else { return Some(Slot(None)) };
+        let Some(slots) = &self.slots else { return Some(self.slot(None)) };
         if let Ok(p) = slots.clone().try_acquire_owned() {
-            return Some(Slot(Some(p)));
+            return Some(self.slot(Some(p)));
         }
         if self.pending.fetch_add(1, Relaxed) >= self.max_pending {
             self.pending.fetch_sub(1, Relaxed);
             return None;
         }
         let _leave = PendingGuard(&self.pending);
-        slots.clone().acquire_owned().await.ok().map(|p| Slot(Some(p)))
+        slots.clone().acquire_owned().await.ok().map(|p| self.slot(Some(p)))
     }
 }
 
@@ -57,7 +73,7 @@ mod tests {
 
     #[tokio::test]
     async fn sheds_beyond_pending() {
-        let l = Arc::new(Limiter::new(1, 1));
+        let l = Arc::new(Limiter::new(1, 1, Gauge::noop()));
         let held = l.acquire().await.unwrap();
         let l2 = l.clone();
         let waiter = tokio::spawn(async move { l2.acquire().await.is_some() });
@@ -69,6 +85,6 @@ mod tests {
         drop(held);
         assert!(waiter.await.unwrap(), "the queued request gets the slot");
         assert_eq!(l.pending(), 0);
-        assert!(Limiter::new(0, 0).acquire().await.is_some(), "0 = unlimited");
+        assert!(Limiter::new(0, 0, Gauge::noop()).acquire().await.is_some(), "0 = unlimited");
     }
 }

@@ -153,7 +153,7 @@ impl Snapshot {
         let mut exp_idx = HashMap::new();
         for (i, e) in cfg.experiments.iter().enumerate() {
             let old = prev.and_then(|p| p.experiments.iter().find(|x| &*x.name == e.name.as_str()));
-            experiments.push(compile_experiment(e, old, &find_cluster)?);
+            experiments.push(compile_experiment(e, old, &find_cluster, tel)?);
             exp_idx.insert(e.name.as_str(), i);
         }
 
@@ -280,6 +280,7 @@ fn compile_experiment(
     e: &config::Experiment,
     old: Option<&ExperimentRt>,
     find_cluster: &dyn Fn(String, &str) -> Result<usize, String>,
+    tel: &Telemetry,
 ) -> Result<ExperimentRt, String> {
     let f = format!("experiments.{}", e.name);
     if e.variants.is_empty() {
@@ -305,7 +306,14 @@ fn compile_experiment(
             name: Arc::from(v.name.as_str()),
             cluster,
             model_version: Arc::from(v.model_version.as_str()),
-            limiter: kept.unwrap_or_else(|| Arc::new(Limiter::new(v.max_concurrency, v.max_pending))),
+            limiter: kept.unwrap_or_else(|| {
+                let labels = vec![
+                    metrics::Label::new("experiment", e.name.clone()),
+                    metrics::Label::new("variant", v.name.clone()),
+                ];
+                let gauge = tel.gauge("weft_variant_requests_in_flight", labels);
+                Arc::new(Limiter::new(v.max_concurrency, v.max_pending, gauge))
+            }),
             limits,
         });
     }

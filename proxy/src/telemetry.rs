@@ -167,7 +167,8 @@ impl Telemetry {
         d("weft_requests_total", "Requests by service, route, variant, cluster, endpoint, status class, model, tenant; shadow copies labelled shadow=\"true\".");
         d("weft_request_duration_seconds", "Time from request received to response body end.");
         d("weft_retries_total", "Upstream retries (attempts after the first).");
-        d("weft_requests_in_flight", "Requests in flight per cluster and variant.");
+        d("weft_requests_in_flight", "Upstream requests in flight per cluster.");
+        d("weft_variant_requests_in_flight", "Requests in flight per experiment variant (response streams included).");
         d("weft_circuit_breaker_state", "Error-rate breaker state per cluster: 0 closed, 1 open, 2 half-open.");
         d("weft_circuit_breaker_transitions_total", "Breaker state changes per cluster and new state.");
         d("weft_overflow_total", "Requests refused by a cluster threshold (max_requests, max_pending, max_connections, max_retries, breaker_open).");

@@ -186,6 +186,11 @@ clusters: [{{name: a, endpoints: ["{}"]}}, {{name: b, endpoints: ["{}"]}}]
     let p = start_proxy(&cfg);
     let addr = p.listener_addrs[0];
     let mut set = tokio::task::JoinSet::new();
+    let admin = p.admin_addr;
+    let watcher = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        admin_get(admin, "/metrics").await.1
+    });
     for _ in 0..10 {
         set.spawn(async move {
             let t = Instant::now();
@@ -208,6 +213,8 @@ clusters: [{{name: a, endpoints: ["{}"]}}, {{name: b, endpoints: ["{}"]}}]
         }
     }
     assert_eq!((ok, shed), (4, 6), "2 in flight + 2 pending served, the rest shed");
+    let during = watcher.await.unwrap();
+    assert_eq!(metric_sum(&during, "weft_variant_requests_in_flight", &[("variant", "a")]), 2.0, "{during}");
     // Sibling variant unaffected: force b.
     let (s, _, _) = get(&client(), addr, "s", "/", &[("x-weft-variant", "b")]).await;
     assert_eq!(s, 200);

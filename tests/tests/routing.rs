@@ -170,3 +170,30 @@ async fn kserve_model_name_and_traceparent() {
     let metrics = admin_get(p.admin_addr, "/metrics").await.1;
     assert!(metric_sum(&metrics, "weft_requests_total", &[("model_name", "resnet"), ("variant", "a")]) >= 1.0, "{metrics}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_and_tenant_cardinality_cap() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let log = std::env::temp_dir().join(format!("weft-access-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let extra = format!("telemetry: {{tenant_top_n: 2, access_log: {{enabled: true, sample: 1.0, path: \"{}\"}}}}", log.display());
+    let cfg = format!("{}\n{extra}\n", ab_config(&a, &b, "", (1, 0)));
+    let p = start_proxy(&cfg);
+    let c = client();
+    for t in ["t1", "t2", "t3", "t4", "t1"] {
+        let (s, _, _) = get(&c, p.listener_addrs[0], "ranker", "/v2/models/m/infer", &[("x-tenant-id", t)]).await;
+        assert_eq!(s, 200);
+    }
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert_eq!(metric_sum(&m, "weft_requests_total", &[("tenant_id", "t1")]), 2.0, "{m}");
+    assert_eq!(metric_sum(&m, "weft_requests_total", &[("tenant_id", "other")]), 2.0, "t3 and t4 are over the cap");
+    assert_eq!(metric_sum(&m, "weft_requests_total", &[("tenant_id", "t3")]), 0.0);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 5);
+    assert_eq!(lines[0]["variant"], "a");
+    assert_eq!(lines[0]["model_name"], "m");
+    assert_eq!(lines[0]["status_class"], "2xx");
+    assert_eq!(lines[0]["trace_id"].as_str().unwrap().len(), 32);
+    let _ = std::fs::remove_file(&log);
+}
