@@ -63,6 +63,9 @@ pub struct Listener {
     pub direction: Direction,
     /// Largest request head (request line + headers) accepted; larger gets 431.
     pub max_header_bytes: usize,
+    /// Time allowed to receive a request head on a connection (slowloris guard). Off by default,
+    /// as in Envoy: it arms a timer per request. Set it on listeners reachable from outside.
+    pub header_read_timeout: Dur,
 }
 
 impl Default for Listener {
@@ -72,6 +75,7 @@ impl Default for Listener {
             address: String::new(),
             direction: Direction::Outbound,
             max_header_bytes: 64 * 1024,
+            header_read_timeout: Dur::default(),
         }
     }
 }

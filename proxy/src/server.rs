@@ -196,18 +196,23 @@ fn run_worker(id: usize, sh: Arc<Shared>, sockets: Vec<std::net::TcpListener>) {
 
 fn serve_conn(sh: &Arc<Shared>, graceful: &GracefulShutdown, li: usize, stream: tokio::net::TcpStream) {
     let _ = stream.set_nodelay(true);
-    let max_header = sh.snapshot.load().config.listeners[li].max_header_bytes;
+    let (max_header, header_timeout) = {
+        let snap = sh.snapshot.load();
+        let l = &snap.config.listeners[li];
+        (l.max_header_bytes, l.header_read_timeout.non_zero())
+    };
     let sh2 = sh.clone();
     let svc = service_fn(move |req| {
         let sh = sh2.clone();
         async move { Ok::<_, std::convert::Infallible>(crate::proxy::handle(sh, li, req).await) }
     });
     let mut b = auto::Builder::new(TokioExecutor::new());
-    b.http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
-        .max_buf_size(max_header.max(8192))
-        .keep_alive(true);
+    let mut h1 = b.http1();
+    h1.max_buf_size(max_header.max(8192)).keep_alive(true);
+    // Without a timer hyper arms no per-request header timeout.
+    if let Some(t) = header_timeout {
+        h1.timer(TokioTimer::new()).header_read_timeout(t);
+    }
     b.http2()
         .timer(TokioTimer::new())
         .max_header_list_size(max_header as u32)

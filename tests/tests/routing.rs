@@ -197,3 +197,19 @@ async fn access_log_and_tenant_cardinality_cap() {
     assert_eq!(lines[0]["trace_id"].as_str().unwrap().len(), 32);
     let _ = std::fs::remove_file(&log);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_read_timeout_closes_slow_clients_when_set() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let cfg = ab_config(&a, &b, "", (1, 0)).replace(
+        "listeners: [{name: out, address: \"127.0.0.1:0\"}]",
+        "listeners: [{name: out, address: \"127.0.0.1:0\", header_read_timeout: 300ms}]",
+    );
+    let p = start_proxy(&cfg);
+    let mut s = tokio::net::TcpStream::connect(p.listener_addrs[0]).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: ranker\r\n").await.unwrap(); // never finishes the head
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(3), s.read_to_end(&mut buf)).await;
+    assert!(closed.is_ok(), "the slow connection was closed by the header read timeout");
+}
