@@ -51,11 +51,15 @@ pub struct Shared {
     /// `true` once draining: listeners stop accepting, connections close when idle.
     pub draining: tokio::sync::watch::Sender<bool>,
     reload_lock: Mutex<()>,
+    /// Listener and admin addresses as first configured (maybe `:0`), so a reloaded file that
+    /// still says `:0` is accepted as "unchanged".
+    configured: (Vec<String>, String),
 }
 
 impl Shared {
-    fn new(snapshot: Snapshot, telemetry: Telemetry, workers: usize) -> Shared {
+    fn new(snapshot: Snapshot, telemetry: Telemetry, workers: usize, configured: (Vec<String>, String)) -> Shared {
         Shared {
+            configured,
             snapshot: ArcSwap::from_pointee(snapshot),
             telemetry,
             workers,
@@ -93,16 +97,24 @@ impl Shared {
         result
     }
 
-    fn apply_locked(&self, cfg: Config) -> Result<u64, String> {
+    fn apply_locked(&self, mut cfg: Config) -> Result<u64, String> {
         let cur = self.snapshot.load();
+        let (first_listeners, first_admin) = &self.configured;
         let same_listeners = cfg.listeners.len() == cur.config.listeners.len()
-            && cfg.listeners.iter().zip(&cur.config.listeners).all(|(a, b)| a.name == b.name && a.address == b.address);
+            && cfg.listeners.iter().zip(&cur.config.listeners).zip(first_listeners).all(|((new, bound), first)| {
+                new.name == bound.name && (new.address == bound.address || &new.address == first)
+            });
         if !same_listeners {
             return Err("listeners: names and addresses cannot change on reload; restart the proxy to change them".into());
         }
-        if cfg.admin != cur.config.admin {
-            return Err("admin: the admin address cannot change on reload; restart the proxy".into());
+        if cfg.admin.address != cur.config.admin.address && &cfg.admin.address != first_admin {
+            return Err("admin.address: cannot change on reload; restart the proxy".into());
         }
+        // Keep showing the addresses really bound.
+        for (new, bound) in cfg.listeners.iter_mut().zip(&cur.config.listeners) {
+            new.address = bound.address.clone();
+        }
+        cfg.admin.address = cur.config.admin.address.clone();
         let snap = Snapshot::compile(cfg, Some(&cur), self.workers, &self.telemetry)?;
         self.telemetry.configure(&snap.config.telemetry)?;
         let v = snap.version;

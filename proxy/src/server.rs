@@ -72,6 +72,7 @@ impl Proxy {
         let admin = bind(admin_addr, false).map_err(|e| format!("admin.address: cannot listen on {admin_addr}: {e}"))?;
         let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
 
+        let configured = (cfg.listeners.iter().map(|l| l.address.clone()).collect(), cfg.admin.address.clone());
         // Record the bound addresses so /config_dump and reloads see what is really served.
         for (l, a) in cfg.listeners.iter_mut().zip(&listener_addrs) {
             l.address = a.to_string();
@@ -80,7 +81,7 @@ impl Proxy {
         let mut snap = snap;
         snap.config = cfg;
 
-        let shared = Arc::new(Shared::new(snap, telemetry, workers));
+        let shared = Arc::new(Shared::new(snap, telemetry, workers, configured));
         let (stop, _) = tokio::sync::watch::channel(false);
         let mut threads = Vec::new();
         for (id, socks) in sockets.into_iter().enumerate() {

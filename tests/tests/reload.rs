@@ -63,15 +63,21 @@ async fn invalid_reload_is_rejected_and_old_config_serves() {
     let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
     let p = start_proxy(&config("127.0.0.1:0", "127.0.0.1:0", &a, &b, 1, 0));
     let (admin, listen) = (p.admin_addr.to_string(), p.listener_addrs[0].to_string());
+    // The same file as at start (":0" ports) is "unchanged listeners", not a move.
+    assert_eq!(p.reload(weft_proxy::Config::from_yaml(&config("127.0.0.1:0", "127.0.0.1:0", &a, &b, 1, 0)).unwrap()), Ok(2));
+    let moved = config(&admin, "127.0.0.1:1", &a, &b, 1, 0);
+    let err = p.reload(weft_proxy::Config::from_yaml(&moved).unwrap()).unwrap_err();
+    assert!(err.contains("listeners"), "{err}");
     let bad = config(&admin, &listen, &a, &b, 1, 0).replace("cluster: b, weight", "cluster: nope, weight");
     let err = p.reload(weft_proxy::Config::from_yaml(&bad).unwrap()).unwrap_err();
     assert!(err.contains("unknown cluster \"nope\""), "{err}");
     let (s, h, _) = get(&client(), p.listener_addrs[0], "s", "/", &[]).await;
     assert_eq!((s.as_u16(), h["x-weft-variant"].to_str().unwrap()), (200, "a"));
     let dump: serde_json::Value = serde_json::from_str(&admin_get(p.admin_addr, "/config_dump").await.1).unwrap();
-    assert_eq!(dump["version"], 1);
+    assert_eq!(dump["version"], 2);
+    assert_eq!(dump["config"]["listeners"][0]["address"], listen.as_str(), "config_dump shows the bound address");
     let m = admin_get(p.admin_addr, "/metrics").await.1;
-    assert_eq!(metric_sum(&m, "weft_config_reloads_total", &[("result", "rejected")]), 1.0);
+    assert_eq!(metric_sum(&m, "weft_config_reloads_total", &[("result", "rejected")]), 2.0);
 }
 
 fn free_port() -> u16 {
