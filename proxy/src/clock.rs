@@ -11,5 +11,10 @@ fn start() -> Instant {
 
 /// Milliseconds since the process first asked; starts at 1 so 0 can mean "never".
 pub fn now_ms() -> u64 {
-    start().elapsed().as_millis() as u64 + 1
+    ms_of(Instant::now())
+}
+
+/// The same clock for an `Instant` the caller already read (saves a clock read on hot paths).
+pub fn ms_of(t: Instant) -> u64 {
+    t.saturating_duration_since(start()).as_millis() as u64 + 1
 }

@@ -204,12 +204,12 @@ impl Cluster {
         }
     }
 
-    /// Ask the error-rate breaker whether a request may go.
-    pub fn admit(&self) -> Admit {
+    /// Ask the error-rate breaker whether a request may go (`now` from `clock`).
+    pub fn admit(&self, now: u64) -> Admit {
         match &self.breaker {
             None => Admit::Yes,
             Some(b) => {
-                let (a, changed) = b.lock().unwrap().admit(now_ms());
+                let (a, changed) = b.lock().unwrap().admit(now);
                 if let Some(s) = changed {
                     self.note_transition(s);
                 }
@@ -229,8 +229,7 @@ impl Cluster {
     }
 
     /// Pick an endpoint for a try, skipping ejected ones and (if possible) those in `tried`.
-    pub fn pick(&self, tried: &[usize]) -> Option<usize> {
-        let now = now_ms();
+    pub fn pick(&self, tried: &[usize], now: u64) -> Option<usize> {
         let eps = &self.endpoints;
         lb::pick(
             self.cfg.lb,
@@ -243,10 +242,11 @@ impl Cluster {
         )
     }
 
-    /// Account for the outcome of one try: breaker window, outlier detection.
-    pub fn record(&self, ep: usize, outcome: Outcome, probe: bool) {
+    /// Account for the outcome of one try: breaker window, outlier detection. `now` may be the
+    /// try's start: the breaker window has second granularity; ejection reads a fresh clock.
+    pub fn record(&self, ep: usize, outcome: Outcome, probe: bool, now: u64) {
         if let Some(b) = &self.breaker {
-            let changed = b.lock().unwrap().record(now_ms(), outcome == Outcome::Success, probe);
+            let changed = b.lock().unwrap().record(now, outcome == Outcome::Success, probe);
             if let Some(s) = changed {
                 self.note_transition(s);
             }

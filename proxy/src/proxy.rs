@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::body::{End, Recorder, ReqBody, RespBody};
 use crate::breaker::Admit;
-use crate::clock::now_ms;
+use crate::clock::{self, now_ms};
 use crate::cluster::{Cluster, Overflow};
 use crate::config::UpstreamProtocol;
 use crate::outlier::Outcome;
@@ -132,7 +132,8 @@ async fn serve(
 
     // 7. Forward, retrying within policy and budget.
     let mut req_parts = ReqParts { method: parts.method, uri: parts.uri, headers: parts.headers, authority };
-    let sent = forward(cluster, route, &mut req_parts, body, deadline).await?;
+    // Boxed: the retry machinery is the bulk of this future, and hyper moves the outer future.
+    let sent = Box::pin(forward(cluster, route, &mut req_parts, body, start, deadline)).await?;
     labels.endpoint = cluster.endpoints[sent.ep].label.clone();
     labels.status_class = telemetry::status_class(sent.resp.status().as_u16());
 
@@ -140,7 +141,7 @@ async fn serve(
     let (mut rparts, incoming) = sent.resp.into_parts();
     strip_hop_by_hop(&mut rparts.headers);
     if let Some(v) = variant {
-        rparts.headers.insert(X_WEFT_VARIANT.clone(), HeaderValue::from_str(&v.name).expect("validated name"));
+        rparts.headers.insert(X_WEFT_VARIANT.clone(), v.header.clone());
     }
     let on_end = finish_on_end(sh, cluster, sent.ep, sent.h1, slot, labels.clone(), start, sent.attempts - 1, &req_parts, telemetry::trace_id(&trace));
     Ok(Response::from_parts(rparts, RespBody::upstream(incoming, route.idle_timeout, on_end)))
@@ -188,7 +189,10 @@ impl ReqParts {
         let pq = self.uri.path_and_query().map_or("/", |p| p.as_str());
         match proto {
             UpstreamProtocol::Http1 => {
-                *req.uri_mut() = Uri::try_from(pq).unwrap_or_else(|_| Uri::from_static("/"));
+                // Origin form, sharing the parsed path's bytes instead of re-parsing a copy.
+                let mut p = http::uri::Parts::default();
+                p.path_and_query = self.uri.path_and_query().cloned();
+                *req.uri_mut() = Uri::from_parts(p).unwrap_or_else(|_| Uri::from_static("/"));
                 *req.version_mut() = Version::HTTP_11;
             }
             UpstreamProtocol::Http2 => {
@@ -289,11 +293,12 @@ async fn forward(
     route: &RouteRt,
     parts: &mut ReqParts,
     body: Prepared,
+    start: Instant,
     deadline: Option<Instant>,
 ) -> Result<Sent, Local> {
     let policy = route.retry.as_ref();
     if let Some(p) = policy {
-        p.budget.lock().unwrap().record_request(now_ms());
+        p.budget.lock().unwrap().record_request(clock::ms_of(start));
     }
     let mut bodies = Bodies::new(body);
     let mut tried: Vec<usize> = Vec::new();
@@ -370,12 +375,14 @@ async fn try_once(
     if cluster.active.load(Relaxed) >= limits.max_requests {
         return Err(TryError::Local(overflow(cluster, Overflow::MaxRequests)));
     }
-    let admit = cluster.admit();
+    let started = Instant::now();
+    let now = clock::ms_of(started);
+    let admit = cluster.admit(now);
     if admit == Admit::No {
         return Err(TryError::Local(overflow(cluster, Overflow::BreakerOpen)));
     }
     let probe = admit == Admit::Probe;
-    let ep_i = cluster.pick(tried).ok_or_else(|| {
+    let ep_i = cluster.pick(tried, now).ok_or_else(|| {
         TryError::Local(
             Local::new(StatusCode::SERVICE_UNAVAILABLE, "no_healthy_endpoint", format!(
                 "cluster {:?} has no healthy endpoint (all {} ejected)", &*cluster.name, cluster.endpoints.len()
@@ -386,8 +393,7 @@ async fn try_once(
     let ep = &cluster.endpoints[ep_i];
 
     // The try's time limit: the per-try timeout, cut short by the route deadline.
-    let now = Instant::now();
-    let limit = match (route.per_try_timeout.map(|t| now + t), deadline) {
+    let limit = match (route.per_try_timeout.map(|t| started + t), deadline) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
@@ -395,7 +401,6 @@ async fn try_once(
     ep.load.start();
     cluster.active.fetch_add(1, Relaxed);
     cluster.in_flight.increment(1.0);
-    let started = Instant::now();
     let last = route.retry.as_ref().is_none_or(|r| r.attempts <= 1);
     let exchange = exchange(cluster, ep_i, parts, bodies, last);
     let result = match limit {
@@ -405,7 +410,7 @@ async fn try_once(
     match result {
         Ok((resp, h1)) => {
             ep.load.observe(started.elapsed().as_micros() as f64);
-            cluster.record(ep_i, Outcome::from_status(resp.status().as_u16()), probe);
+            cluster.record(ep_i, Outcome::from_status(resp.status().as_u16()), probe, now);
             // `active`/in-flight are released when the response body ends (see finish_on_end),
             // or right here if the caller drops this response to retry.
             Ok(Sent { resp, ep: ep_i, h1, attempts: 0 })
@@ -413,7 +418,7 @@ async fn try_once(
         Err(a) => {
             release(cluster, ep_i);
             if !matches!(a, Attempt::Overflow) {
-                cluster.record(ep_i, Outcome::GatewayError, probe);
+                cluster.record(ep_i, Outcome::GatewayError, probe, now);
             }
             Err(a.into_error(cluster, ep_i, deadline))
         }
@@ -591,25 +596,39 @@ fn header_str<'a>(h: &'a HeaderMap, name: Option<&HeaderName>) -> Option<&'a str
 }
 
 /// Headers that describe one hop, not the message; never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 5] =
+    [header::CONNECTION, header::TRANSFER_ENCODING, header::UPGRADE, header::PROXY_AUTHENTICATE, header::TE];
+
+fn is_hop_by_hop(n: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(n) || n == "keep-alive" || n == "proxy-connection"
+}
+
+/// Remove hop-by-hop headers. Most messages carry none or only `connection`, so one pass over
+/// the names (cheap comparisons) finds what is present, and only that is removed (hashing).
 fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let present: Vec<HeaderName> = h.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
+    if present.is_empty() {
+        return;
+    }
     let listed: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .map(str::trim)
+        // "close" and "keep-alive" are connection options, rarely header names.
+        .filter(|n| !n.eq_ignore_ascii_case("close") && !n.eq_ignore_ascii_case("keep-alive"))
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
         .collect();
     for n in listed {
         h.remove(n);
     }
-    for n in [header::CONNECTION, header::TRANSFER_ENCODING, header::UPGRADE, header::PROXY_AUTHENTICATE] {
+    for n in present {
+        // gRPC needs `te: trailers` end to end; any other TE value is hop-by-hop.
+        if n == header::TE && h.get(&n).is_some_and(|v| v == "trailers") {
+            continue;
+        }
         h.remove(n);
-    }
-    h.remove("keep-alive");
-    h.remove("proxy-connection");
-    // gRPC needs `te: trailers` end to end; any other TE value is hop-by-hop.
-    if h.get(header::TE).is_some_and(|v| v != "trailers") {
-        h.remove(header::TE);
     }
 }
 
@@ -625,7 +644,7 @@ fn prepare_headers(h: &mut HeaderMap, authority: &str, traceparent: &[u8], varia
     }
     if let Some(v) = variant {
         // Tell the model server which arm it serves (and keep a forced override consistent).
-        h.insert(X_WEFT_VARIANT.clone(), HeaderValue::from_str(&v.name).expect("validated name"));
+        h.insert(X_WEFT_VARIANT.clone(), v.header.clone());
     }
 }
 

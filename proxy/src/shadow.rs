@@ -60,7 +60,7 @@ pub(crate) fn spawn(
                 None => Bytes::new(),
                 Some(r) => r.wait_complete(timeout).await.ok_or("body_too_large")?,
             };
-            let ep_i = cluster.pick(&[]).ok_or("no_healthy_endpoint")?;
+            let ep_i = cluster.pick(&[], crate::clock::now_ms()).ok_or("no_healthy_endpoint")?;
             let ep = &cluster.endpoints[ep_i];
             let conn = ep.pool().checkout(ep.addr, &cluster.dial()).await.map_err(|_| "connect_failure")?;
             let r = req.build(ep.protocol, ReqBody::full(data), true);
@@ -71,7 +71,7 @@ pub(crate) fn spawn(
             let resp = resp.map_err(|_| "reset")?;
             let status = resp.status().as_u16();
             let complete = resp.into_body().collect().await.is_ok();
-            cluster.record(ep_i, Outcome::from_status(status), false);
+            cluster.record(ep_i, Outcome::from_status(status), false, crate::clock::now_ms());
             if let (true, Some(s)) = (complete, h1) {
                 ep.pool().checkin(s, cluster.cfg.max_idle_per_endpoint);
             }

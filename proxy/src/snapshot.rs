@@ -77,6 +77,8 @@ pub struct ExperimentRt {
 
 pub struct VariantRt {
     pub name: Arc<str>,
+    /// `x-weft-variant` value, built once.
+    pub header: http::HeaderValue,
     pub cluster: usize,
     pub model_version: Arc<str>,
     pub limiter: Arc<Limiter>,
@@ -302,7 +304,10 @@ fn compile_experiment(
             .and_then(|o| o.variants.iter().find(|x| &*x.name == v.name.as_str()))
             .filter(|x| x.limits == limits)
             .map(|x| x.limiter.clone());
+        let header = http::HeaderValue::from_str(&v.name)
+            .map_err(|_| format!("{f}.variants: {:?} cannot be sent as a header value", v.name))?;
         variants.push(VariantRt {
+            header,
             name: Arc::from(v.name.as_str()),
             cluster,
             model_version: Arc::from(v.model_version.as_str()),
