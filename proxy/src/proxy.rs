@@ -688,3 +688,26 @@ impl Local {
         r
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed_but_te_trailers_kept() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-private"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["te", "content-type"]);
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, HeaderValue::from_static("gzip"));
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        strip_hop_by_hop(&mut h);
+        assert!(h.is_empty());
+    }
+}
