@@ -1,1 +1,6 @@
-//! weft-control
+//! weft-control: the control plane. This crate grows with issue 3 (Raft store, REST API, xDS
+//! server glue, weftctl); today it holds the pure decision logic that needs no IO yet.
+//!
+//! - `fault`: phi-accrual failure detection over sidecar heartbeats.
+
+pub mod fault;
