@@ -1,0 +1,371 @@
+//! The control plane's resource cache: one immutable [`Snapshot`] per revision, shared by every
+//! sidecar stream, plus what each node last ACKed or NACKed.
+//!
+//! Versions are derived from the revision the caller passes in (a Raft log index), never from
+//! a clock or a counter of this process: a type's version is the revision at which its content
+//! last changed, and a resource's version is the revision at which its body last changed (or
+//! the version the caller gives it, e.g. the resource's modification index in the store). Two
+//! control nodes that applied the same revisions therefore label the same config the same way,
+//! and a sidecar can fail over between them without a redundant push. A node that joined later
+//! may label an unchanged type with a later revision; that costs one resend, never a wrong
+//! config.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::resources::{self, Resource};
+use crate::transport::Any;
+
+/// One cached resource: its body and version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub version: u64,
+    pub body: Any,
+}
+
+/// All resources of one type at one revision.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TypeResources {
+    /// The revision at which this type's content last changed.
+    pub version: u64,
+    /// Resource name → entry.
+    pub entries: BTreeMap<String, Entry>,
+}
+
+/// What a caller hands the cache for a revision: every resource, by type URL and name.
+#[derive(Debug, Clone, Default)]
+pub struct Resources {
+    types: BTreeMap<String, BTreeMap<String, (Option<u64>, Any)>>,
+}
+
+impl Resources {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a resource whose version the cache derives (the revision its body last changed).
+    pub fn insert(&mut self, type_url: &str, name: &str, body: Any) -> &mut Self {
+        self.put(type_url, name, None, body)
+    }
+
+    /// Adds a resource with a version the caller knows (e.g. its store modification index).
+    pub fn insert_versioned(&mut self, type_url: &str, name: &str, version: u64, body: Any) -> &mut Self {
+        self.put(type_url, name, Some(version), body)
+    }
+
+    /// Adds a weft resource under its own type URL and name.
+    pub fn add<R: Resource>(&mut self, resource: &R) -> &mut Self {
+        self.insert(R::TYPE_URL, resource.resource_name(), resources::to_any(resource))
+    }
+
+    fn put(&mut self, type_url: &str, name: &str, version: Option<u64>, body: Any) -> &mut Self {
+        self.types.entry(type_url.to_owned()).or_default().insert(name.to_owned(), (version, body));
+        self
+    }
+}
+
+/// A revision that does not move forward: the cache never goes back in time, so a sidecar
+/// never sees versions decrease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaleRevision {
+    pub current: u64,
+    pub offered: u64,
+}
+
+impl fmt::Display for StaleRevision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "revision {} is not newer than the cached revision {}", self.offered, self.current)
+    }
+}
+
+impl std::error::Error for StaleRevision {}
+
+/// Every resource at one revision. Revision 0 means "nothing committed yet": streams wait
+/// rather than tell a sidecar its config is empty.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    revision: u64,
+    types: BTreeMap<String, TypeResources>,
+}
+
+impl Snapshot {
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// The version of `type_url`'s content; 0 for a type that never had resources.
+    pub fn type_version(&self, type_url: &str) -> u64 {
+        self.types.get(type_url).map_or(0, |t| t.version)
+    }
+
+    /// The resources of `type_url` (name → entry), if it ever had any.
+    pub fn entries(&self, type_url: &str) -> Option<&BTreeMap<String, Entry>> {
+        self.types.get(type_url).map(|t| &t.entries)
+    }
+
+    /// The snapshot for `revision`: unchanged bodies keep their versions, changed ones take
+    /// the new revision (unless the caller versioned them), and a type keeps its version while
+    /// its content is unchanged. A type that loses all its resources stays, empty, with a new
+    /// version, so State-of-the-World clients learn of the removal.
+    pub fn next(&self, revision: u64, resources: Resources) -> Result<Snapshot, StaleRevision> {
+        if revision <= self.revision {
+            return Err(StaleRevision { current: self.revision, offered: revision });
+        }
+        let mut types = BTreeMap::new();
+        let mut input = resources.types;
+        let urls: Vec<String> = self.types.keys().chain(input.keys()).cloned().collect();
+        for url in urls {
+            if types.contains_key(&url) {
+                continue;
+            }
+            let previous = self.types.get(&url);
+            let entries: BTreeMap<String, Entry> = input
+                .remove(&url)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, (version, body))| {
+                    let kept =
+                        previous.and_then(|p| p.entries.get(&name)).filter(|e| e.body == body).map(|e| e.version);
+                    let version = version.or(kept).unwrap_or(revision);
+                    (name, Entry { version, body })
+                })
+                .collect();
+            let version = match previous {
+                Some(p) if p.entries == entries => p.version,
+                None if entries.is_empty() => continue,
+                _ => revision,
+            };
+            types.insert(url, TypeResources { version, entries });
+        }
+        Ok(Snapshot { revision, types })
+    }
+}
+
+/// A node's NACK: the type version it rejected and why. The cache never pushes that version
+/// (or an older one) of that type to the node again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nack {
+    pub version: u64,
+    pub error: String,
+}
+
+/// What a node told this control node, per type URL (what `weftctl proxy-status` shows).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// Streams of this node open now.
+    pub streams: u32,
+    /// Type URL → last ACKed version.
+    pub acked: BTreeMap<String, String>,
+    /// Type URL → last NACK.
+    pub nacked: BTreeMap<String, Nack>,
+}
+
+/// A node's answer to a push, as the stream protocol reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Feedback {
+    Ack { type_url: String, version: String },
+    Nack { type_url: String, nack: Nack },
+}
+
+/// The shared cache: the latest snapshot behind a watch channel (each connected stream holds
+/// a receiver and is woken when a new revision is set), per-node status, and the debounce
+/// window streams wait after a wake-up so a burst of commits becomes one push.
+#[derive(Clone)]
+pub struct Cache {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    snapshot: watch::Sender<Arc<Snapshot>>,
+    nodes: Mutex<BTreeMap<String, NodeStatus>>,
+    debounce: Duration,
+}
+
+impl Cache {
+    /// A cache whose streams coalesce revisions set within `debounce` of each other.
+    pub fn new(debounce: Duration) -> Self {
+        let (snapshot, _) = watch::channel(Arc::new(Snapshot::default()));
+        Cache { inner: Arc::new(Inner { snapshot, nodes: Mutex::default(), debounce }) }
+    }
+
+    /// Publishes the resources of `revision` and wakes every stream.
+    pub fn set(&self, revision: u64, resources: Resources) -> Result<(), StaleRevision> {
+        let mut result = Ok(());
+        self.inner.snapshot.send_if_modified(|current| match current.next(revision, resources) {
+            Ok(next) => {
+                *current = Arc::new(next);
+                true
+            }
+            Err(stale) => {
+                result = Err(stale);
+                false
+            }
+        });
+        result
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.inner.snapshot.borrow().clone()
+    }
+
+    /// A receiver that is woken whenever a new revision is set.
+    pub fn watch(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.inner.snapshot.subscribe()
+    }
+
+    pub fn debounce(&self) -> Duration {
+        self.inner.debounce
+    }
+
+    pub fn node_status(&self, node_id: &str) -> Option<NodeStatus> {
+        self.nodes().get(node_id).cloned()
+    }
+
+    /// Every node that ever connected, with its status.
+    pub fn node_statuses(&self) -> BTreeMap<String, NodeStatus> {
+        self.nodes().clone()
+    }
+
+    /// Counts a new stream of `node_id`; returns what the node reported before, so a stream
+    /// opened after a NACK does not push the rejected version again.
+    pub(crate) fn connect(&self, node_id: &str) -> NodeStatus {
+        let mut nodes = self.nodes();
+        let status = nodes.entry(node_id.to_owned()).or_default();
+        status.streams += 1;
+        status.clone()
+    }
+
+    pub(crate) fn disconnect(&self, node_id: &str) {
+        if let Some(status) = self.nodes().get_mut(node_id) {
+            status.streams = status.streams.saturating_sub(1);
+        }
+    }
+
+    pub(crate) fn record(&self, node_id: &str, feedback: Feedback) {
+        let mut nodes = self.nodes();
+        let status = nodes.entry(node_id.to_owned()).or_default();
+        match feedback {
+            Feedback::Ack { type_url, version } => {
+                status.acked.insert(type_url, version);
+            }
+            Feedback::Nack { type_url, nack } => {
+                status.nacked.insert(type_url, nack);
+            }
+        }
+    }
+
+    fn nodes(&self) -> MutexGuard<'_, BTreeMap<String, NodeStatus>> {
+        // A panic elsewhere while holding the lock leaves plain data behind; keep serving it.
+        self.inner.nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::typeurl::{CLUSTER, LISTENER};
+
+    fn body(text: &str) -> Any {
+        Any { type_url: CLUSTER.into(), value: text.as_bytes().to_vec() }
+    }
+
+    fn clusters(items: &[(&str, &str)]) -> Resources {
+        let mut r = Resources::new();
+        for (name, text) in items {
+            r.insert(CLUSTER, name, body(text));
+        }
+        r
+    }
+
+    fn versions(s: &Snapshot, url: &str) -> Vec<(String, u64)> {
+        s.entries(url).unwrap().iter().map(|(n, e)| (n.clone(), e.version)).collect()
+    }
+
+    #[test]
+    fn type_version_is_the_revision_of_the_last_content_change() {
+        let s1 = Snapshot::default().next(5, clusters(&[("a", "1")])).unwrap();
+        assert_eq!(s1.type_version(CLUSTER), 5);
+        let mut same = clusters(&[("a", "1")]);
+        same.insert(LISTENER, "l", body("l"));
+        let s2 = s1.next(9, same).unwrap();
+        assert_eq!(s2.type_version(CLUSTER), 5, "unchanged content keeps its version");
+        assert_eq!(s2.type_version(LISTENER), 9);
+        let s3 = s2.next(12, clusters(&[("a", "2")])).unwrap();
+        assert_eq!(s3.type_version(CLUSTER), 12);
+        assert_eq!(s3.type_version(LISTENER), 12, "a type that lost its resources changes version");
+        assert_eq!(s3.entries(LISTENER).map(|e| e.len()), Some(0));
+        assert_eq!(s3.type_version("type.googleapis.com/weft.v1.Placement"), 0);
+    }
+
+    #[test]
+    fn removing_one_resource_changes_the_type_version() {
+        let s1 = Snapshot::default().next(1, clusters(&[("a", "1"), ("b", "1")])).unwrap();
+        let s2 = s1.next(2, clusters(&[("a", "1")])).unwrap();
+        assert_eq!(s2.type_version(CLUSTER), 2);
+    }
+
+    #[test]
+    fn resource_versions_follow_body_changes_or_the_callers_version() {
+        let s1 = Snapshot::default().next(1, clusters(&[("a", "1"), ("b", "1")])).unwrap();
+        let mut r = clusters(&[("a", "1"), ("b", "2")]);
+        r.insert_versioned(CLUSTER, "c", 1, body("c"));
+        let s2 = s1.next(3, r).unwrap();
+        assert_eq!(versions(&s2, CLUSTER), vec![("a".into(), 1), ("b".into(), 3), ("c".into(), 1)]);
+    }
+
+    #[test]
+    fn same_history_gives_same_versions_on_any_node() {
+        let build = || {
+            let mut s = Snapshot::default();
+            for (rev, text) in [(3, "x"), (4, "x"), (8, "y")] {
+                s = s.next(rev, clusters(&[("a", text), ("b", "k")])).unwrap();
+            }
+            s
+        };
+        assert_eq!(build(), build());
+        assert_eq!(build().type_version(CLUSTER), 8);
+        assert_eq!(versions(&build(), CLUSTER), vec![("a".into(), 8), ("b".into(), 3)]);
+    }
+
+    #[test]
+    fn revisions_never_go_back() {
+        let cache = Cache::new(Duration::ZERO);
+        cache.set(4, clusters(&[("a", "1")])).unwrap();
+        assert_eq!(cache.set(4, clusters(&[])), Err(StaleRevision { current: 4, offered: 4 }));
+        assert_eq!(cache.set(2, clusters(&[])).unwrap_err().offered, 2);
+        assert_eq!(cache.snapshot().revision(), 4);
+        assert_eq!(cache.snapshot().entries(CLUSTER).map(|e| e.len()), Some(1));
+    }
+
+    #[test]
+    fn set_wakes_watchers_and_stale_sets_do_not() {
+        let cache = Cache::new(Duration::ZERO);
+        let mut rx = cache.watch();
+        assert!(!rx.has_changed().unwrap());
+        cache.set(1, clusters(&[("a", "1")])).unwrap();
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(rx.borrow_and_update().revision(), 1);
+        let _ = cache.set(1, clusters(&[]));
+        assert!(!rx.has_changed().unwrap());
+    }
+
+    #[test]
+    fn node_status_records_acks_nacks_and_streams() {
+        let cache = Cache::new(Duration::ZERO);
+        assert_eq!(cache.connect("n").streams, 1);
+        cache.record("n", Feedback::Ack { type_url: CLUSTER.into(), version: "3".into() });
+        let nack = Nack { version: 4, error: "bad".into() };
+        cache.record("n", Feedback::Nack { type_url: CLUSTER.into(), nack: nack.clone() });
+        let status = cache.node_status("n").unwrap();
+        assert_eq!(status.acked.get(CLUSTER).map(String::as_str), Some("3"));
+        assert_eq!(status.nacked.get(CLUSTER), Some(&nack));
+        assert_eq!(cache.connect("n").streams, 2);
+        cache.disconnect("n");
+        cache.disconnect("n");
+        assert_eq!(cache.node_status("n").unwrap().streams, 0);
+    }
+}

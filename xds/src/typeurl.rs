@@ -1,0 +1,34 @@
+//! Type URLs of weft's resources. A type URL names both the protobuf message inside an `Any`
+//! and the xDS subscription that carries it, so each resource kind is one independent stream
+//! of versions on the ADS connection.
+
+/// The prefix every protobuf `Any` type URL conventionally carries.
+pub const PREFIX: &str = "type.googleapis.com/";
+
+macro_rules! type_urls {
+    ($($(#[$doc:meta])* $konst:ident => $message:literal,)*) => {
+        $($(#[$doc])* pub const $konst: &str = concat!("type.googleapis.com/weft.v1.", $message);)*
+        /// Every weft type URL, in the order a sidecar should apply them: what is referenced
+        /// (clusters, endpoints, experiments) before what refers to it (services, listeners).
+        pub const ALL: &[&str] = &[$($konst),*];
+    };
+}
+
+type_urls! {
+    /// `weft.v1.Cluster`.
+    CLUSTER => "Cluster",
+    /// `weft.v1.Endpoints`, one per cluster.
+    ENDPOINTS => "Endpoints",
+    /// `weft.v1.Experiment`.
+    EXPERIMENT => "Experiment",
+    /// `weft.v1.Service`.
+    SERVICE => "Service",
+    /// `weft.v1.Listener`.
+    LISTENER => "Listener",
+    /// `weft.v1.ShardMap` (reserved for the scheduler).
+    SHARD_MAP => "ShardMap",
+    /// `weft.v1.ScalingDecision` (reserved for the autoscaler).
+    SCALING_DECISION => "ScalingDecision",
+    /// `weft.v1.Placement` (reserved for the scheduler).
+    PLACEMENT => "Placement",
+}
