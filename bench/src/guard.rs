@@ -34,8 +34,15 @@ impl Spawned {
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {name}: {cmd:?}"))?;
-        LIVE_GROUPS.lock().unwrap_or_else(|e| e.into_inner()).push(child.id());
-        Ok(Self { name: name.to_string(), child, stopped: false })
+        LIVE_GROUPS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(child.id());
+        Ok(Self {
+            name: name.to_string(),
+            child,
+            stopped: false,
+        })
     }
 
     /// Runs `cmd` to its end and returns its stdout; `Err` (with its output) when it fails or is
@@ -53,7 +60,9 @@ impl Spawned {
             }
         };
         p.stop();
-        let text = |r: Option<std::thread::JoinHandle<String>>| r.and_then(|h| h.join().ok()).unwrap_or_default();
+        let text = |r: Option<std::thread::JoinHandle<String>>| {
+            r.and_then(|h| h.join().ok()).unwrap_or_default()
+        };
         let (out, err) = (text(stdout), text(stderr));
         match status {
             Some(s) if s.success() => Ok(out),
@@ -94,7 +103,10 @@ impl Spawned {
         signal_group(pgid, "KILL");
         let _ = self.child.kill();
         let _ = self.child.wait();
-        LIVE_GROUPS.lock().unwrap_or_else(|e| e.into_inner()).retain(|&g| g != pgid);
+        LIVE_GROUPS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|&g| g != pgid);
     }
 }
 
@@ -126,26 +138,36 @@ fn read_in_background(mut pipe: impl Read + Send + 'static) -> std::thread::Join
 /// Kills every registered group, removes the scratch directories and exits when the bench
 /// receives SIGINT or SIGTERM, because the default action would end it without any `Drop`.
 pub fn stop_children_on_signal() -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    std::thread::Builder::new().name("signals".into()).spawn(move || {
-        rt.block_on(async {
-            use tokio::signal::unix::{SignalKind, signal};
-            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            rt.block_on(async {
+                use tokio::signal::unix::{SignalKind, signal};
+                let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            });
+            let groups = LIVE_GROUPS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            for &pgid in &groups {
+                signal_group(pgid, "KILL");
             }
-        });
-        let groups = LIVE_GROUPS.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        for &pgid in &groups {
-            signal_group(pgid, "KILL");
-        }
-        for dir in TEMP_DIRS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        eprintln!("interrupted: stopped {} child process group(s)", groups.len());
-        std::process::exit(130);
-    })?;
+            for dir in TEMP_DIRS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            eprintln!(
+                "interrupted: stopped {} child process group(s)",
+                groups.len()
+            );
+            std::process::exit(130);
+        })?;
     Ok(())
 }
 
@@ -158,7 +180,10 @@ impl TempDir {
         let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        TEMP_DIRS.lock().unwrap_or_else(|e| e.into_inner()).push(dir.clone());
+        TEMP_DIRS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(dir.clone());
         Ok(Self(dir))
     }
 
@@ -170,6 +195,9 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-        TEMP_DIRS.lock().unwrap_or_else(|e| e.into_inner()).retain(|d| d != &self.0);
+        TEMP_DIRS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|d| d != &self.0);
     }
 }

@@ -23,10 +23,20 @@ pub struct ClosedLoop {
 
 /// Runs `wrk` with one thread and `connections` connections for `duration` (whole seconds:
 /// wrk takes no finer unit) against `addr`.
-pub fn wrk(core: usize, addr: SocketAddr, connections: u32, duration: Duration) -> Result<ClosedLoop> {
+pub fn wrk(
+    core: usize,
+    addr: SocketAddr,
+    connections: u32,
+    duration: Duration,
+) -> Result<ClosedLoop> {
     let seconds = duration.as_secs().max(1);
     let mut cmd = pinned(core, "wrk");
-    cmd.args(["-t1", &format!("-c{connections}"), &format!("-d{seconds}s"), &format!("http://{addr}/")]);
+    cmd.args([
+        "-t1",
+        &format!("-c{connections}"),
+        &format!("-d{seconds}s"),
+        &format!("http://{addr}/"),
+    ]);
     let text = Spawned::run_to_end("wrk", &mut cmd, time_limit(duration))?;
     parse_wrk(&text).with_context(|| format!("unexpected wrk output:\n{text}"))
 }
@@ -44,9 +54,17 @@ fn parse_wrk(text: &str) -> Option<ClosedLoop> {
     let socket_errors: u64 = text
         .lines()
         .find_map(|l| l.trim().strip_prefix("Socket errors:"))
-        .map(|s| s.split(',').filter_map(|kv| kv.split_whitespace().nth(1)?.parse::<u64>().ok()).sum())
+        .map(|s| {
+            s.split(',')
+                .filter_map(|kv| kv.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum()
+        })
         .unwrap_or(0);
-    Some(ClosedLoop { requests, rps, errors: non_2xx + socket_errors })
+    Some(ClosedLoop {
+        requests,
+        rps,
+        errors: non_2xx + socket_errors,
+    })
 }
 
 /// Result of an open-loop `h2load` run.
@@ -83,10 +101,16 @@ pub fn h2load(
     // h2load appends to an existing log.
     let _ = std::fs::remove_file(log);
     let mut cmd = pinned(core, "h2load");
-    cmd.args(["--h1", "-t1", &format!("-c{connections}"), &format!("-n{requests}"), &format!("--rps={per_connection}")])
-        .args(["-r1", "--rate-period=1ms"])
-        .arg(format!("--log-file={}", log.display()))
-        .arg(format!("http://{addr}/"));
+    cmd.args([
+        "--h1",
+        "-t1",
+        &format!("-c{connections}"),
+        &format!("-n{requests}"),
+        &format!("--rps={per_connection}"),
+    ])
+    .args(["-r1", "--rate-period=1ms"])
+    .arg(format!("--log-file={}", log.display()))
+    .arg(format!("http://{addr}/"));
     let text = Spawned::run_to_end("h2load", &mut cmd, time_limit(duration))?;
     let log_text = std::fs::read_to_string(log).context("reading the h2load log")?;
     parse_h2load_log(&log_text).with_context(|| format!("no requests in h2load run:\n{text}"))
@@ -155,7 +179,15 @@ mod tests {
     #[test]
     fn parses_h2load_log() {
         // 101 requests started 10 ms apart: 100 req/s.
-        let log: String = (1..=100).map(|i| format!("{}\t200\t{}\n", 1_700_000_000_000_000u64 + i * 10_000, i * 10)).collect();
+        let log: String = (1..=100)
+            .map(|i| {
+                format!(
+                    "{}\t200\t{}\n",
+                    1_700_000_000_000_000u64 + i * 10_000,
+                    i * 10
+                )
+            })
+            .collect();
         let r = parse_h2load_log(&format!("{log}1700000000000000\t503\t5\n")).unwrap();
         assert_eq!(r.errors, 1);
         assert!((r.achieved_rps - 100.0).abs() < 1e-6, "{}", r.achieved_rps);

@@ -4,16 +4,32 @@
 //! `std::net` are simpler than a client runtime.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
 use crate::guard::Spawned;
 
-/// A currently free port on 127.0.0.1 (bound then released; peers bind it right after).
-pub fn free_addr() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+/// `n` distinct free ports on 127.0.0.1, for peers to bind right after.
+///
+/// Probed without `SO_REUSEADDR` (std sets it, tokio's `TcpSocket` lets us clear it) so a port
+/// still in TIME_WAIT from an earlier run is skipped: a peer that binds without the option would
+/// fail on it. All probes are held until every port is picked, so the ports differ.
+pub fn free_addrs(n: usize) -> Result<Vec<SocketAddr>> {
+    let probe = || -> std::io::Result<tokio::net::TcpSocket> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.set_reuseaddr(false)?;
+        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        Ok(socket)
+    };
+    let held = (0..n)
+        .map(|_| probe())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    Ok(held
+        .iter()
+        .map(|s| s.local_addr())
+        .collect::<std::io::Result<_>>()?)
 }
 
 /// `GET path` with `Connection: close`; returns the status code and the body.
@@ -21,7 +37,10 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     let timeout = Duration::from_secs(2);
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+    )?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw);
@@ -30,12 +49,20 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .with_context(|| format!("no HTTP status from {addr}{path}"))?;
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
     Ok((status, body))
 }
 
 /// Polls `GET path` until it answers 200, failing early if `process` exits.
-pub fn wait_ok(addr: SocketAddr, path: &str, process: &mut Spawned, within: Duration) -> Result<()> {
+pub fn wait_ok(
+    addr: SocketAddr,
+    path: &str,
+    process: &mut Spawned,
+    within: Duration,
+) -> Result<()> {
     let deadline = Instant::now() + within;
     let mut last = String::from("no answer");
     while Instant::now() < deadline {
@@ -49,5 +76,8 @@ pub fn wait_ok(addr: SocketAddr, path: &str, process: &mut Spawned, within: Dura
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    bail!("{} not ready at http://{addr}{path} within {within:?} (last: {last})", process.name)
+    bail!(
+        "{} not ready at http://{addr}{path} within {within:?} (last: {last})",
+        process.name
+    )
 }

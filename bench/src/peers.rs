@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::guard::Spawned;
 use crate::install;
-use crate::net::{free_addr, http_get, wait_ok};
+use crate::net::{free_addrs, http_get, wait_ok};
 use crate::upstream::Upstream;
 
 /// Something the load generator can be pointed at.
@@ -28,7 +28,13 @@ pub enum Target {
 
 impl Target {
     /// All targets, in report order.
-    pub const ALL: [Target; 5] = [Target::Direct, Target::Weft, Target::Envoy, Target::Nginx, Target::Haproxy];
+    pub const ALL: [Target; 5] = [
+        Target::Direct,
+        Target::Weft,
+        Target::Envoy,
+        Target::Nginx,
+        Target::Haproxy,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -44,7 +50,9 @@ impl Target {
         Self::ALL
             .into_iter()
             .find(|t| t.name() == name)
-            .with_context(|| format!("unknown target {name:?} (known: direct, weft, envoy, nginx, haproxy)"))
+            .with_context(|| {
+                format!("unknown target {name:?} (known: direct, weft, envoy, nginx, haproxy)")
+            })
     }
 
     /// Finds or installs the peer's binary (building weft-proxy from this workspace);
@@ -67,15 +75,60 @@ impl Target {
             Target::Nginx => &["-v"],
         };
         let line = install::version_line(bin, args)?;
-        Some(line.split_once(" version: ").map_or(line.clone(), |(_, v)| v.to_string()))
+        Some(
+            line.split_once(" version: ")
+                .map_or(line.clone(), |(_, v)| v.to_string()),
+        )
     }
 
     /// Starts the target on `core` in front of `upstream` and waits until it proxies a request.
-    pub fn start(self, bin: Option<&Path>, upstream: &Upstream, core: usize, tmp: &Path) -> Result<Running> {
+    pub fn start(
+        self,
+        bin: Option<&Path>,
+        upstream: &Upstream,
+        core: usize,
+        tmp: &Path,
+    ) -> Result<Running> {
         let Some(bin) = bin else {
             return Ok(Running::direct(self, upstream));
         };
-        let ports = Ports { listen: free_addr()?, admin: free_addr()?, a: upstream.addrs[0], b: upstream.addrs[1] };
+        // A port probed free can still be taken before the peer binds it: try fresh ports.
+        let mut attempt = 1;
+        loop {
+            match self.start_once(bin, upstream, core, tmp) {
+                Err(e)
+                    if attempt < 3
+                        && format!("{e:#}")
+                            .to_lowercase()
+                            .contains("address already in use") =>
+                {
+                    eprintln!(
+                        "{}: port taken during start-up, retrying with other ports",
+                        self.name()
+                    );
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn start_once(
+        self,
+        bin: &Path,
+        upstream: &Upstream,
+        core: usize,
+        tmp: &Path,
+    ) -> Result<Running> {
+        let [listen, admin] = free_addrs(2)?[..] else {
+            unreachable!("two ports asked")
+        };
+        let ports = Ports {
+            listen,
+            admin,
+            a: upstream.addrs[0],
+            b: upstream.addrs[1],
+        };
         let (file, template) = self.template();
         let config = tmp.join(file);
         std::fs::write(&config, ports.fill(template, tmp))?;
@@ -83,7 +136,9 @@ impl Target {
         let log_path = tmp.join(format!("{}.log", self.name()));
         let log = File::create(&log_path)?;
         let mut cmd = Command::new("taskset");
-        cmd.args(["-c", &core.to_string()]).arg(bin).args(self.args(&config, tmp));
+        cmd.args(["-c", &core.to_string()])
+            .arg(bin)
+            .args(self.args(&config, tmp));
         cmd.stdout(log.try_clone()?).stderr(log);
         let mut process = Spawned::start(self.name(), &mut cmd)?;
 
@@ -91,13 +146,28 @@ impl Target {
             Target::Weft | Target::Envoy => (ports.admin, "/ready"),
             _ => (ports.listen, "/"),
         };
-        let ready = wait_ok(ready_addr, ready_path, &mut process, Duration::from_secs(20))
-            .and_then(|()| wait_ok(ports.listen, "/", &mut process, Duration::from_secs(5)));
+        let ready = wait_ok(
+            ready_addr,
+            ready_path,
+            &mut process,
+            Duration::from_secs(20),
+        )
+        .and_then(|()| wait_ok(ports.listen, "/", &mut process, Duration::from_secs(5)));
         if let Err(e) = ready {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            bail!("{e}\n--- {} (last lines) ---\n{}", log_path.display(), last_lines(&log, 15));
+            bail!(
+                "{e}\n--- {} (last lines) ---\n{}",
+                log_path.display(),
+                last_lines(&log, 15)
+            );
         }
-        Ok(Running { target: self, listen: ports.listen, admin: Some(ports.admin), measured_pid: process.pid(), process: Some(process) })
+        Ok(Running {
+            target: self,
+            listen: ports.listen,
+            admin: Some(ports.admin),
+            measured_pid: process.pid(),
+            process: Some(process),
+        })
     }
 
     fn template(self) -> (&'static str, &'static str) {
@@ -117,10 +187,25 @@ impl Target {
         match self {
             Target::Direct => Vec::new(),
             Target::Weft => owned(&["--config", &config, "--workers", "1"]),
-            Target::Envoy => owned(&["-c", &config, "--concurrency", "1", "--disable-hot-restart", "-l", "warn"]),
+            Target::Envoy => owned(&[
+                "-c",
+                &config,
+                "--concurrency",
+                "1",
+                "--disable-hot-restart",
+                "-l",
+                "warn",
+            ]),
             Target::Nginx => {
                 let tmp = tmp.display().to_string();
-                owned(&["-p", &tmp, "-e", &format!("{tmp}/nginx-error.log"), "-c", &config])
+                owned(&[
+                    "-p",
+                    &tmp,
+                    "-e",
+                    &format!("{tmp}/nginx-error.log"),
+                    "-c",
+                    &config,
+                ])
             }
             Target::Haproxy => owned(&["-db", "-f", &config]),
         }
@@ -139,7 +224,12 @@ impl Ports {
     /// Replaces `{{NAME}}` with `ip:port`, `{{NAME_PORT}}` with the port and `{{TMP}}` with the
     /// temp dir.
     fn fill(&self, template: &str, tmp: &Path) -> String {
-        let named = [("LISTEN", self.listen), ("ADMIN", self.admin), ("UPSTREAM_A", self.a), ("UPSTREAM_B", self.b)];
+        let named = [
+            ("LISTEN", self.listen),
+            ("ADMIN", self.admin),
+            ("UPSTREAM_A", self.a),
+            ("UPSTREAM_B", self.b),
+        ];
         let mut out = template.replace("{{TMP}}", &tmp.display().to_string());
         for (name, addr) in named {
             out = out
@@ -164,7 +254,13 @@ pub struct Running {
 
 impl Running {
     fn direct(target: Target, upstream: &Upstream) -> Self {
-        Running { target, listen: upstream.addrs[0], admin: None, measured_pid: upstream.process.pid(), process: None }
+        Running {
+            target,
+            listen: upstream.addrs[0],
+            admin: None,
+            measured_pid: upstream.process.pid(),
+            process: None,
+        }
     }
 
     /// `Err` if the proxy died (e.g. during the load).
@@ -185,7 +281,8 @@ impl Running {
             _ => return None,
         };
         Some(http_get(admin, path).and_then(|(_, body)| {
-            let (a, b) = parse(&body).with_context(|| format!("no per-variant counters at {path}"))?;
+            let (a, b) =
+                parse(&body).with_context(|| format!("no per-variant counters at {path}"))?;
             Ok(a / (a + b))
         }))
     }
@@ -198,7 +295,9 @@ type CountParser = fn(&str) -> Option<(f64, f64)>;
 fn envoy_variant_counts(stats: &str) -> Option<(f64, f64)> {
     let count = |cluster: &str| {
         let key = format!("cluster.{cluster}.upstream_rq_total:");
-        stats.lines().find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())
     };
     Some((count("variant_a")?, count("variant_b")?))
 }
@@ -220,19 +319,31 @@ fn weft_variant_counts(metrics: &str) -> Option<(f64, f64)> {
 /// Builds `target/release/weft-proxy` from this workspace (a binary of another package is not
 /// built by `cargo run -p weft-bench`).
 fn build_weft() -> Result<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("workspace root")?;
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("workspace root")?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(workspace)
-        .args(["build", "--release", "-p", "weft-proxy", "--bin", "weft-proxy"])
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "weft-proxy",
+            "--bin",
+            "weft-proxy",
+        ])
         .status()
         .context("running cargo build")?;
     if !status.success() {
         bail!("cargo build --release -p weft-proxy failed ({status})");
     }
-    let target_dir = std::env::var("CARGO_TARGET_DIR").map_or_else(|_| workspace.join("target"), PathBuf::from);
+    let target_dir =
+        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| workspace.join("target"), PathBuf::from);
     let bin = target_dir.join("release/weft-proxy");
-    bin.is_file().then_some(bin.clone()).with_context(|| format!("{} not found after the build", bin.display()))
+    bin.is_file()
+        .then_some(bin.clone())
+        .with_context(|| format!("{} not found after the build", bin.display()))
 }
 
 fn last_lines(text: &str, n: usize) -> String {
@@ -247,15 +358,28 @@ mod tests {
     #[test]
     fn fills_addresses_and_ports() {
         let addr = |p| SocketAddr::from(([127, 0, 0, 1], p));
-        let ports = Ports { listen: addr(1), admin: addr(2), a: addr(3), b: addr(4) };
-        let out = ports.fill("{{LISTEN}} {{ADMIN_PORT}} {{UPSTREAM_A}} {{UPSTREAM_B_PORT}} {{TMP}}/x", Path::new("/t"));
+        let ports = Ports {
+            listen: addr(1),
+            admin: addr(2),
+            a: addr(3),
+            b: addr(4),
+        };
+        let out = ports.fill(
+            "{{LISTEN}} {{ADMIN_PORT}} {{UPSTREAM_A}} {{UPSTREAM_B_PORT}} {{TMP}}/x",
+            Path::new("/t"),
+        );
         assert_eq!(out, "127.0.0.1:1 2 127.0.0.1:3 4 /t/x");
     }
 
     #[test]
     fn every_template_is_fully_filled() {
         let addr = SocketAddr::from(([127, 0, 0, 1], 9));
-        let ports = Ports { listen: addr, admin: addr, a: addr, b: addr };
+        let ports = Ports {
+            listen: addr,
+            admin: addr,
+            a: addr,
+            b: addr,
+        };
         for t in &Target::ALL[1..] {
             let out = ports.fill(t.template().1, Path::new("/t"));
             assert!(!out.contains("{{"), "{}: unfilled placeholder", t.name());
@@ -264,7 +388,8 @@ mod tests {
 
     #[test]
     fn reads_variant_counters() {
-        let envoy = "cluster.variant_a.upstream_rq_total: 60\ncluster.variant_b.upstream_rq_total: 40\n";
+        let envoy =
+            "cluster.variant_a.upstream_rq_total: 60\ncluster.variant_b.upstream_rq_total: 40\n";
         assert_eq!(envoy_variant_counts(envoy), Some((60.0, 40.0)));
         let weft = "# TYPE weft_requests_total counter\nweft_requests_total{variant=\"a\",code=\"200\"} 5\n\
                     weft_requests_total{variant=\"b\",code=\"200\"} 7\nweft_requests_total{variant=\"a\",code=\"503\"} 1\n";

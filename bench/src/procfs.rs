@@ -35,6 +35,34 @@ pub fn usage(pid: u32) -> Option<Usage> {
     Some(total)
 }
 
+/// Busy time of all CPUs since boot, in seconds: user, nice, system, irq, softirq and steal
+/// from `/proc/stat`'s `cpu` line.
+pub fn machine_busy_s() -> Option<f64> {
+    let stat = fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let busy: u64 = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|&i| ticks.get(i))
+        .sum();
+    Some(busy as f64 / clock_ticks_per_second())
+}
+
+/// CPU seconds of this process and everything it started: its live descendants (proxy,
+/// upstream) plus its reaped children (`cutime`/`cstime`: finished load generators).
+/// `machine_busy_s` minus this is what other work on a shared machine took.
+pub fn own_cpu_s() -> f64 {
+    let me = std::process::id();
+    let reaped = stat_fields(me)
+        .and_then(|f| Some(f.get(13)?.parse::<u64>().ok()? + f.get(14)?.parse::<u64>().ok()?))
+        .unwrap_or(0);
+    usage(me).map_or(0.0, |u| u.cpu_s) + reaped as f64 / clock_ticks_per_second()
+}
+
 /// `pid` followed by all its live descendants.
 fn tree(pid: u32) -> Vec<u32> {
     if cpu_ticks(pid).is_none() {
@@ -51,14 +79,19 @@ fn tree(pid: u32) -> Vec<u32> {
     let mut i = 0;
     while i < out.len() {
         let parent = out[i];
-        out.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        out.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
         i += 1;
     }
     out
 }
 
 /// Fields of `/proc/PID/stat` after the `(comm)` field: index 0 is state, 1 ppid, 11 utime,
-/// 12 stime (the man page's fields 3, 4, 14, 15).
+/// 12 stime, 13 cutime, 14 cstime (the man page's fields 3, 4, 14 to 17).
 fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_comm = &stat[stat.rfind(')')? + 1..];

@@ -25,6 +25,11 @@ pub struct Sample {
     pub p99_added_ms: Option<f64>,
     /// CPU of the measured process tree during the closed loop, per completed request.
     pub cpu_us_per_req: f64,
+    /// That CPU time over the wall time: ≈1.0 when the target's core was the bottleneck.
+    pub cpu_busy: f64,
+    /// CPU (in cores) taken meanwhile by anything outside the bench: other work on a shared
+    /// machine, interrupts, steal (a noise indicator; the larger of the two phases).
+    pub foreign_cpu: Option<f64>,
     /// The upstream's CPU per request in the same window (the same for every target ideally).
     pub upstream_cpu_us_per_req: f64,
     pub rss_idle_mib: f64,
@@ -42,15 +47,34 @@ struct Metric {
 }
 
 const METRICS: &[Metric] = &[
-    Metric { key: "rps", header: "req/s (wrk)", get: |s| Some(s.rps), decimals: 0 },
-    Metric { key: "p50_ms", header: "p50 ms", get: |s| Some(s.p50_ms), decimals: 3 },
-    Metric { key: "p99_ms", header: "p99 ms", get: |s| Some(s.p99_ms), decimals: 3 },
-    Metric { key: "p50_added_ms", header: "+p50 ms", get: |s| s.p50_added_ms, decimals: 3 },
-    Metric { key: "p99_added_ms", header: "+p99 ms", get: |s| s.p99_added_ms, decimals: 3 },
-    Metric { key: "cpu_us_per_req", header: "CPU µs/req", get: |s| Some(s.cpu_us_per_req), decimals: 1 },
-    Metric { key: "rss_idle_mib", header: "idle MiB", get: |s| Some(s.rss_idle_mib), decimals: 1 },
-    Metric { key: "rss_peak_mib", header: "peak MiB", get: |s| Some(s.rss_peak_mib), decimals: 1 },
+    metric("rps", "req/s (wrk)", |s| Some(s.rps), 0),
+    metric("p50_ms", "p50 ms", |s| Some(s.p50_ms), 3),
+    metric("p99_ms", "p99 ms", |s| Some(s.p99_ms), 3),
+    metric("p50_added_ms", "+p50 ms", |s| s.p50_added_ms, 3),
+    metric("p99_added_ms", "+p99 ms", |s| s.p99_added_ms, 3),
+    metric(
+        "cpu_us_per_req",
+        "CPU µs/req",
+        |s| Some(s.cpu_us_per_req),
+        1,
+    ),
+    metric("rss_idle_mib", "idle MiB", |s| Some(s.rss_idle_mib), 1),
+    metric("rss_peak_mib", "peak MiB", |s| Some(s.rss_peak_mib), 1),
 ];
+
+const fn metric(
+    key: &'static str,
+    header: &'static str,
+    get: fn(&Sample) -> Option<f64>,
+    decimals: usize,
+) -> Metric {
+    Metric {
+        key,
+        header,
+        get,
+        decimals,
+    }
+}
 
 /// Sets each sample's added latency against `direct` of the same repeat (shared noise).
 pub fn fill_added_latency(samples: &mut [Sample]) {
@@ -74,7 +98,13 @@ impl Summary {
     pub fn new(samples: &[Sample]) -> Self {
         let rows = Target::ALL.iter().map(|&t| {
             let mine: Vec<&Sample> = samples.iter().filter(|s| s.target == t).collect();
-            (t, METRICS.iter().map(|m| Spread::of(mine.iter().map(|s| (m.get)(s)))).collect())
+            (
+                t,
+                METRICS
+                    .iter()
+                    .map(|m| Spread::of(mine.iter().map(|s| (m.get)(s))))
+                    .collect(),
+            )
         });
         Self(rows.collect())
     }
@@ -93,9 +123,17 @@ impl Summary {
             let mut row = Map::new();
             let mut range = Map::new();
             for (m, s) in METRICS.iter().zip(spreads) {
-                row.insert(m.key.into(), s.map_or(Value::Null, |s| round(s.median, m.decimals + 1)));
+                row.insert(
+                    m.key.into(),
+                    s.map_or(Value::Null, |s| round(s.median, m.decimals + 1)),
+                );
                 let digits = m.decimals + 1;
-                range.insert(m.key.into(), s.map_or(Value::Null, |s| json!([round(s.min, digits), round(s.max, digits)])));
+                range.insert(
+                    m.key.into(),
+                    s.map_or(Value::Null, |s| {
+                        json!([round(s.min, digits), round(s.max, digits)])
+                    }),
+                );
             }
             row.insert("range".into(), Value::Object(range));
             out.insert(target.name().into(), Value::Object(row));
@@ -105,15 +143,28 @@ impl Summary {
 
     /// The table: `median (min–max)` per cell, `-` where a target was not measured.
     pub fn table(&self) -> String {
-        let mut lines = vec![std::iter::once("target").chain(METRICS.iter().map(|m| m.header)).collect::<Vec<_>>().join(" | ")];
+        let mut lines = vec![
+            std::iter::once("target")
+                .chain(METRICS.iter().map(|m| m.header))
+                .collect::<Vec<_>>()
+                .join(" | "),
+        ];
         lines.push(vec!["---"; METRICS.len() + 1].join("|"));
         for (target, spreads) in &self.0 {
             let cells = METRICS.iter().zip(spreads).map(|(m, s)| match s {
                 None => "-".to_string(),
                 Some(s) if s.min == s.max => format!("{:.*}", m.decimals, s.median),
-                Some(s) => format!("{:.*} ({:.*}–{:.*})", m.decimals, s.median, m.decimals, s.min, m.decimals, s.max),
+                Some(s) => format!(
+                    "{:.*} ({:.*}–{:.*})",
+                    m.decimals, s.median, m.decimals, s.min, m.decimals, s.max
+                ),
             });
-            lines.push(std::iter::once(target.name().to_string()).chain(cells).collect::<Vec<_>>().join(" | "));
+            lines.push(
+                std::iter::once(target.name().to_string())
+                    .chain(cells)
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+            );
         }
         lines.iter().map(|l| format!("| {l} |\n")).collect()
     }
@@ -121,17 +172,50 @@ impl Summary {
 
 /// A ratio of two medians, `(name, numerator target, denominator target, metric key)`.
 const RATIOS: &[(&str, Target, Target, &str)] = &[
-    ("weft_rps_over_envoy_rps", Target::Weft, Target::Envoy, "rps"),
-    ("weft_rps_over_nginx_rps", Target::Weft, Target::Nginx, "rps"),
-    ("weft_rps_over_haproxy_rps", Target::Weft, Target::Haproxy, "rps"),
-    ("weft_cpu_over_envoy_cpu", Target::Weft, Target::Envoy, "cpu_us_per_req"),
-    ("weft_cpu_over_nginx_cpu", Target::Weft, Target::Nginx, "cpu_us_per_req"),
-    ("weft_cpu_over_haproxy_cpu", Target::Weft, Target::Haproxy, "cpu_us_per_req"),
+    (
+        "weft_rps_over_envoy_rps",
+        Target::Weft,
+        Target::Envoy,
+        "rps",
+    ),
+    (
+        "weft_rps_over_nginx_rps",
+        Target::Weft,
+        Target::Nginx,
+        "rps",
+    ),
+    (
+        "weft_rps_over_haproxy_rps",
+        Target::Weft,
+        Target::Haproxy,
+        "rps",
+    ),
+    (
+        "weft_cpu_over_envoy_cpu",
+        Target::Weft,
+        Target::Envoy,
+        "cpu_us_per_req",
+    ),
+    (
+        "weft_cpu_over_nginx_cpu",
+        Target::Weft,
+        Target::Nginx,
+        "cpu_us_per_req",
+    ),
+    (
+        "weft_cpu_over_haproxy_cpu",
+        Target::Weft,
+        Target::Haproxy,
+        "cpu_us_per_req",
+    ),
 ];
 
 pub fn ratios(summary: &Summary) -> Value {
     let ratio = |&(name, num, den, key): &(&str, Target, Target, &str)| {
-        let v = summary.median(num, key).zip(summary.median(den, key)).map(|(n, d)| round(n / d, 3));
+        let v = summary
+            .median(num, key)
+            .zip(summary.median(den, key))
+            .map(|(n, d)| round(n / d, 3));
         (name.to_string(), v.unwrap_or(Value::Null))
     };
     Value::Object(RATIOS.iter().map(ratio).collect())
@@ -158,8 +242,18 @@ pub fn checks(s: &Summary) -> Vec<Check> {
     let weft = |k| s.median(Target::Weft, k);
     let times = |t, k, f: f64| s.median(t, k).map(|v| v * f);
     vec![
-        Check { name: "weft rps >= 3x envoy rps", value: weft("rps"), limit: times(Target::Envoy, "rps", 3.0), at_least: true },
-        Check { name: "weft rps >= nginx rps", value: weft("rps"), limit: s.median(Target::Nginx, "rps"), at_least: true },
+        Check {
+            name: "weft rps >= 3x envoy rps",
+            value: weft("rps"),
+            limit: times(Target::Envoy, "rps", 3.0),
+            at_least: true,
+        },
+        Check {
+            name: "weft rps >= nginx rps",
+            value: weft("rps"),
+            limit: s.median(Target::Nginx, "rps"),
+            at_least: true,
+        },
         Check {
             name: "weft CPU/req <= haproxy CPU/req",
             value: weft("cpu_us_per_req"),
@@ -172,7 +266,12 @@ pub fn checks(s: &Summary) -> Vec<Check> {
             limit: s.median(Target::Haproxy, "p99_added_ms"),
             at_least: false,
         },
-        Check { name: "weft idle RSS <= 15 MiB", value: weft("rss_idle_mib"), limit: Some(15.0), at_least: false },
+        Check {
+            name: "weft idle RSS <= 15 MiB",
+            value: weft("rss_idle_mib"),
+            limit: Some(15.0),
+            at_least: false,
+        },
     ]
 }
 
@@ -197,7 +296,15 @@ pub fn checks_table(checks: &[Check]) -> String {
     let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
     checks
         .iter()
-        .map(|c| format!("{:<38} {:>4}  (weft {} vs limit {})\n", c.name, verdict(c.pass()), fmt(c.value), fmt(c.limit)))
+        .map(|c| {
+            format!(
+                "{:<38} {:>4}  (weft {} vs limit {})\n",
+                c.name,
+                verdict(c.pass()),
+                fmt(c.value),
+                fmt(c.limit)
+            )
+        })
         .collect()
 }
 
@@ -216,6 +323,8 @@ pub fn sample_json(s: &Sample) -> Value {
         "p99_added_ms": s.p99_added_ms.map(|v| round(v, 4)),
         "open_loop_errors": s.open_loop_errors,
         "cpu_us_per_req": round(s.cpu_us_per_req, 2),
+        "cpu_busy": round(s.cpu_busy, 3),
+        "foreign_cpu": s.foreign_cpu.map(|v| round(v, 3)),
         "upstream_cpu_us_per_req": round(s.upstream_cpu_us_per_req, 2),
         "rss_idle_mib": round(s.rss_idle_mib, 2),
         "rss_peak_mib": round(s.rss_peak_mib, 2),
@@ -246,6 +355,8 @@ mod tests {
             p50_added_ms: None,
             p99_added_ms: None,
             cpu_us_per_req: 30.0,
+            cpu_busy: 1.0,
+            foreign_cpu: None,
             upstream_cpu_us_per_req: 10.0,
             rss_idle_mib: 10.0,
             rss_peak_mib: 12.0,
@@ -255,14 +366,21 @@ mod tests {
 
     #[test]
     fn added_latency_is_against_the_same_repeat() {
-        let mut s = vec![sample(Target::Direct, 0, 1.0, 0.1), sample(Target::Direct, 1, 1.0, 0.2), sample(Target::Weft, 1, 1.0, 0.5)];
+        let mut s = vec![
+            sample(Target::Direct, 0, 1.0, 0.1),
+            sample(Target::Direct, 1, 1.0, 0.2),
+            sample(Target::Weft, 1, 1.0, 0.5),
+        ];
         fill_added_latency(&mut s);
         assert!((s[2].p99_added_ms.unwrap() - 0.3).abs() < 1e-9);
     }
 
     #[test]
     fn checks_are_unknown_when_a_peer_is_missing() {
-        let s = Summary::new(&[sample(Target::Weft, 0, 30000.0, 0.3), sample(Target::Nginx, 0, 20000.0, 0.3)]);
+        let s = Summary::new(&[
+            sample(Target::Weft, 0, 30000.0, 0.3),
+            sample(Target::Nginx, 0, 20000.0, 0.3),
+        ]);
         let c = checks(&s);
         assert_eq!(c[0].pass(), None, "no envoy");
         assert_eq!(c[1].pass(), Some(true));

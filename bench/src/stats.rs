@@ -20,14 +20,26 @@ pub struct Spread {
 impl Spread {
     /// `None` when no repeat produced a value.
     pub fn of(values: impl IntoIterator<Item = Option<f64>>) -> Option<Self> {
-        let mut v: Vec<f64> = values.into_iter().flatten().filter(|x| x.is_finite()).collect();
+        let mut v: Vec<f64> = values
+            .into_iter()
+            .flatten()
+            .filter(|x| x.is_finite())
+            .collect();
         if v.is_empty() {
             return None;
         }
         v.sort_by(f64::total_cmp);
         let n = v.len();
-        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
-        Some(Self { median, min: v[0], max: v[n - 1] })
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Some(Self {
+            median,
+            min: v[0],
+            max: v[n - 1],
+        })
     }
 }
 
@@ -47,7 +59,14 @@ mod tests {
     #[test]
     fn spread_skips_missing() {
         let s = Spread::of([Some(3.0), None, Some(1.0), Some(2.0)]).unwrap();
-        assert_eq!(s, Spread { median: 2.0, min: 1.0, max: 3.0 });
+        assert_eq!(
+            s,
+            Spread {
+                median: 2.0,
+                min: 1.0,
+                max: 3.0
+            }
+        );
         assert_eq!(Spread::of([None, None]), None);
         assert_eq!(Spread::of([Some(1.0), Some(2.0)]).unwrap().median, 1.5);
     }

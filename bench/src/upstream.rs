@@ -26,7 +26,9 @@ pub const BODY: &[u8; 100] =
 
 /// Serves `ports` listeners on 127.0.0.1, printing `listening ADDR ADDR..` once all are bound.
 pub fn serve(ports: usize) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let mut addrs = Vec::new();
         for _ in 0..ports {
@@ -42,13 +44,17 @@ pub fn serve(ports: usize) -> Result<()> {
 
 async fn accept_loop(listener: TcpListener) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
             let service = service_fn(|_req: Request<Incoming>| async {
                 Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(BODY))))
             });
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         });
     }
 }
@@ -68,7 +74,8 @@ impl Upstream {
         let exe = std::env::current_exe()?;
         let mut cmd = Command::new("taskset");
         cmd.arg("-c").arg(core.to_string()).arg(exe);
-        cmd.args(["--serve-upstream", &ports.to_string()]).stdout(Stdio::piped());
+        cmd.args(["--serve-upstream", &ports.to_string()])
+            .stdout(Stdio::piped());
         let mut process = Spawned::start("upstream", &mut cmd)?;
         let stdout = process.stdout().context("upstream stdout")?;
         let mut line = String::new();

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -40,9 +40,10 @@ struct Args {
     /// baseline for added latency).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
-    /// Where to write the JSON results.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results/proxy-load.json"))]
-    out: PathBuf,
+    /// Where to write the JSON results [default: bench/results/proxy-load.json; quick:
+    /// bench/results/tmp/proxy-load-quick.json, git-ignored so CI runs leave the tree clean].
+    #[arg(long)]
+    out: Option<PathBuf>,
     /// Internal: run as the upstream server with this many listeners.
     #[arg(long, hide = true)]
     serve_upstream: Option<usize>,
@@ -82,8 +83,10 @@ fn exit_on(result: Result<bool>) -> ExitCode {
 fn run(args: &Args) -> Result<bool> {
     guard::stop_children_on_signal()?;
     let plan = plan(args)?;
-    let wrk = install::ensure_apt("wrk", "wrk").context("the closed-loop load generator is required")?;
-    let h2load = install::ensure_apt("h2load", "nghttp2-client").context("the open-loop load generator is required")?;
+    let wrk =
+        install::ensure_apt("wrk", "wrk").context("the closed-loop load generator is required")?;
+    let h2load = install::ensure_apt("h2load", "nghttp2-client")
+        .context("the open-loop load generator is required")?;
 
     let mut missing = serde_json::Map::new();
     let mut versions = serde_json::Map::new();
@@ -102,7 +105,10 @@ fn run(args: &Args) -> Result<bool> {
         }
     }
     versions.insert("wrk".into(), json!(install::version_line(&wrk, &["-v"])));
-    versions.insert("h2load".into(), json!(install::version_line(&h2load, &["--version"])));
+    versions.insert(
+        "h2load".into(),
+        json!(install::version_line(&h2load, &["--version"])),
+    );
 
     let tmp = TempDir::new("weft-proxy-load")?;
     let mut samples = Vec::new();
@@ -125,7 +131,12 @@ fn run(args: &Args) -> Result<bool> {
                     samples.push(s);
                 }
                 Err(e) => {
-                    eprintln!("repeat {}/{} {}: FAILED: {e:#}", repeat + 1, plan.repeats, target.name());
+                    eprintln!(
+                        "repeat {}/{} {}: FAILED: {e:#}",
+                        repeat + 1,
+                        plan.repeats,
+                        target.name()
+                    );
                     failures.push(json!({"target": target.name(), "repeat": repeat, "error": format!("{e:#}")}));
                 }
             }
@@ -138,7 +149,11 @@ fn run(args: &Args) -> Result<bool> {
     println!("\n{}", summary.table());
     println!("{}", report::checks_table(&checks));
     if !missing.is_empty() || !failures.is_empty() {
-        println!("missing: {:?}; failed runs: {}", missing.keys().collect::<Vec<_>>(), failures.len());
+        println!(
+            "missing: {:?}; failed runs: {}",
+            missing.keys().collect::<Vec<_>>(),
+            failures.len()
+        );
     }
 
     let doc = json!({
@@ -154,8 +169,9 @@ fn run(args: &Args) -> Result<bool> {
         "repeats": samples.iter().map(report::sample_json).collect::<Vec<_>>(),
         "notes": NOTES,
     });
-    write_json(&args.out, &doc)?;
-    println!("wrote {}", args.out.display());
+    let out = args.out.clone().unwrap_or_else(|| default_out(args.quick));
+    write_json(&out, &doc)?;
+    println!("wrote {}", out.display());
 
     let weft_wanted = selected(args)?.contains(&Target::Weft);
     let weft_measured = samples.iter().filter(|s| s.target == Target::Weft).count();
@@ -166,33 +182,55 @@ fn run(args: &Args) -> Result<bool> {
 const NOTES: &[&str] = &[
     "rps: closed loop, wrk -t1 with --connections connections for --duration s, after a warm-up",
     "p50_ms/p99_ms: open loop, h2load --h1 at --rate req/s spread over --connections connections; *_added_ms subtract direct of the same repeat",
-    "cpu_us_per_req: utime+stime of the measured process tree during the closed loop / requests completed",
+    "cpu_us_per_req: utime+stime of the measured process tree during the closed loop / requests completed; cpu_busy: the same CPU time / wall time (1.0 = its core was saturated, so it was the bottleneck); foreign_cpu: machine busy time (/proc/stat, incl. irq/softirq/steal) not used by the bench and its children / wall time, in cores, the larger of the two load phases: a noise indicator",
     "rss_idle_mib: sum of VmRSS of the process tree after start-up, before load; rss_peak_mib: sum of VmHWM after both phases",
     "direct: the load generator straight to the upstream; its cpu/rss are the upstream server's own",
     "summary holds medians over repeats; summary.*.range holds [min, max]",
 ];
 
+/// CPU (in cores) used outside the bench above which a sample is flagged.
+const NOISY: f64 = 0.10;
+
 /// One target in one repeat: fresh upstream, fresh proxy, idle RSS, warm-up, closed loop with
 /// CPU accounting, open loop, peak RSS.
-fn measure(plan: &Plan, target: Target, bin: Option<&Path>, repeat: usize, tmp: &Path) -> Result<Sample> {
+fn measure(
+    plan: &Plan,
+    target: Target,
+    bin: Option<&Path>,
+    repeat: usize,
+    tmp: &Path,
+) -> Result<Sample> {
     let upstream = Upstream::start(plan.load_core, 2)?;
     let mut running = target.start(bin, &upstream, plan.proxy_core, tmp)?;
     std::thread::sleep(Duration::from_millis(300));
     let idle = read_usage(&running)?;
 
-    load::wrk(plan.load_core, running.listen, plan.connections, plan.warmup)?;
-    let (before, upstream_before) = (read_usage(&running)?, usage_of(upstream.process.pid())?);
-    let closed = load::wrk(plan.load_core, running.listen, plan.connections, plan.duration)?;
-    let (after, upstream_after) = (read_usage(&running)?, usage_of(upstream.process.pid())?);
+    let listen = running.listen;
+    let wrk = |duration| load::wrk(plan.load_core, listen, plan.connections, duration);
+    wrk(plan.warmup)?;
+    let (closed, closed_cpu) = during(&running, &upstream, || wrk(plan.duration))?;
     let log = tmp.join(format!("h2load-{}.tsv", target.name()));
-    let open = load::h2load(plan.load_core, running.listen, plan.rate, plan.connections, plan.duration, &log)?;
+    let (open, open_cpu) = during(&running, &upstream, || {
+        load::h2load(
+            plan.load_core,
+            listen,
+            plan.rate,
+            plan.connections,
+            plan.duration,
+            &log,
+        )
+    })?;
+
     let peak = read_usage(&running)?;
     running.check_alive()?;
-    if open.achieved_rps < 0.95 * f64::from(plan.rate) {
-        eprintln!("warning: {} open loop reached {:.0} of {} req/s", target.name(), open.achieved_rps, plan.rate);
-    }
+    let foreign = closed_cpu
+        .foreign
+        .into_iter()
+        .chain(open_cpu.foreign)
+        .reduce(f64::max);
+    warn_if_noisy(plan, target, foreign, &open);
 
-    let per_req = |a: f64, b: f64| (b - a) * 1e6 / closed.requests.max(1) as f64;
+    let per_request = |cpu_s: f64| cpu_s * 1e6 / closed.requests.max(1) as f64;
     Ok(Sample {
         target,
         repeat,
@@ -205,12 +243,92 @@ fn measure(plan: &Plan, target: Target, bin: Option<&Path>, repeat: usize, tmp: 
         open_loop_errors: open.errors,
         p50_added_ms: None,
         p99_added_ms: None,
-        cpu_us_per_req: per_req(before.cpu_s, after.cpu_s),
-        upstream_cpu_us_per_req: per_req(upstream_before.cpu_s, upstream_after.cpu_s),
+        cpu_us_per_req: per_request(closed_cpu.cpu_s),
+        cpu_busy: closed_cpu.cpu_s / closed_cpu.wall_s,
+        foreign_cpu: foreign,
+        upstream_cpu_us_per_req: per_request(closed_cpu.upstream_cpu_s),
         rss_idle_mib: idle.rss_mib,
         rss_peak_mib: peak.hwm_mib,
         variant_a_share: running.variant_a_share().transpose()?,
     })
+}
+
+/// Runs one load phase and reads the CPU spent during it.
+fn during<T>(
+    running: &Running,
+    upstream: &Upstream,
+    phase: impl FnOnce() -> Result<T>,
+) -> Result<(T, PhaseCpu)> {
+    let begun = Phase::begin(running, upstream)?;
+    let out = phase()?;
+    Ok((out, begun.end(running, upstream)?))
+}
+
+/// CPU readings taken when a load phase begins.
+struct Phase {
+    started: Instant,
+    machine_busy_s: Option<f64>,
+    own_cpu_s: f64,
+    target_cpu_s: f64,
+    upstream_cpu_s: f64,
+}
+
+/// CPU spent during a load phase.
+struct PhaseCpu {
+    wall_s: f64,
+    /// CPU seconds of the measured process tree and of the upstream.
+    cpu_s: f64,
+    upstream_cpu_s: f64,
+    /// CPU taken by anything outside the bench, in cores (a noise indicator).
+    foreign: Option<f64>,
+}
+
+impl Phase {
+    fn begin(running: &Running, upstream: &Upstream) -> Result<Self> {
+        Ok(Self {
+            started: Instant::now(),
+            machine_busy_s: procfs::machine_busy_s(),
+            own_cpu_s: procfs::own_cpu_s(),
+            target_cpu_s: read_usage(running)?.cpu_s,
+            upstream_cpu_s: usage_of(upstream.process.pid())?.cpu_s,
+        })
+    }
+
+    fn end(self, running: &Running, upstream: &Upstream) -> Result<PhaseCpu> {
+        let wall_s = self.started.elapsed().as_secs_f64();
+        let machine_busy_s = procfs::machine_busy_s();
+        let own_cpu_s = procfs::own_cpu_s() - self.own_cpu_s;
+        let cpu_s = read_usage(running)?.cpu_s - self.target_cpu_s;
+        Ok(PhaseCpu {
+            wall_s,
+            cpu_s,
+            upstream_cpu_s: usage_of(upstream.process.pid())?.cpu_s - self.upstream_cpu_s,
+            foreign: self
+                .machine_busy_s
+                .zip(machine_busy_s)
+                .map(|(b, a)| (a - b - own_cpu_s) / wall_s),
+        })
+    }
+}
+
+/// Flags samples a shared machine or a slow generator made doubtful (they are kept: the
+/// reader sees the flag in the JSON and the ranges).
+fn warn_if_noisy(plan: &Plan, target: Target, foreign_cpu: Option<f64>, open: &load::OpenLoop) {
+    let foreign = foreign_cpu.unwrap_or(0.0);
+    if foreign > NOISY {
+        eprintln!(
+            "warning: {}: work outside the bench used {foreign:.2} cores meanwhile",
+            target.name()
+        );
+    }
+    if open.achieved_rps < 0.95 * f64::from(plan.rate) {
+        eprintln!(
+            "warning: {}: open loop reached {:.0} of {} req/s",
+            target.name(),
+            open.achieved_rps,
+            plan.rate
+        );
+    }
 }
 
 fn read_usage(running: &Running) -> Result<procfs::Usage> {
@@ -228,11 +346,20 @@ fn plan(args: &Args) -> Result<Plan> {
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     if cores < 2 {
-        eprintln!("only one core: proxy and load generator share core 0, numbers are not comparable to the README");
+        eprintln!(
+            "only one core: proxy and load generator share core 0, numbers are not comparable to the README"
+        );
     }
     Ok(Plan {
-        repeats: args.repeats.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
-        warmup: if duration.as_secs() >= 10 { Duration::from_secs(2) } else { Duration::from_secs(1) },
+        repeats: args
+            .repeats
+            .unwrap_or(if args.quick { 1 } else { 3 })
+            .max(1),
+        warmup: if duration.as_secs() >= 10 {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(1)
+        },
         duration,
         rate: args.rate,
         connections: args.connections,
@@ -243,14 +370,26 @@ fn plan(args: &Args) -> Result<Plan> {
 
 /// `direct` plus the `--only` subset (all peers by default), in report order.
 fn selected(args: &Args) -> Result<Vec<Target>> {
-    let Some(only) = &args.only else { return Ok(Target::ALL.to_vec()) };
-    let wanted = only.iter().map(|n| Target::from_name(n.trim())).collect::<Result<Vec<_>>>()?;
-    Ok(Target::ALL.into_iter().filter(|t| *t == Target::Direct || wanted.contains(t)).collect())
+    let Some(only) = &args.only else {
+        return Ok(Target::ALL.to_vec());
+    };
+    let wanted = only
+        .iter()
+        .map(|n| Target::from_name(n.trim()))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Target::ALL
+        .into_iter()
+        .filter(|t| *t == Target::Direct || wanted.contains(t))
+        .collect())
 }
 
 /// The targets rotated by `repeat`, so no target is always first (or last) after a change.
 fn rotated<T>(items: &[T], repeat: usize) -> impl Iterator<Item = &T> {
-    let k = if items.is_empty() { 0 } else { repeat % items.len() };
+    let k = if items.is_empty() {
+        0
+    } else {
+        repeat % items.len()
+    };
     items[k..].iter().chain(&items[..k])
 }
 
@@ -270,11 +409,22 @@ fn settings(plan: &Plan, quick: bool) -> Value {
 
 fn machine() -> Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")?.split_once(':').map(|(_, m)| m.trim().to_string()));
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|k| k.trim().to_string());
+    let model = cpuinfo.lines().find_map(|l| {
+        l.strip_prefix("model name")?
+            .split_once(':')
+            .map(|(_, m)| m.trim().to_string())
+    });
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .ok()
+        .map(|k| k.trim().to_string());
     let os = std::fs::read_to_string("/etc/os-release")
         .ok()
-        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string())));
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("PRETTY_NAME=")
+                    .map(|v| v.trim_matches('"').to_string())
+            })
+        });
     json!({
         "nproc": std::thread::available_parallelism().map_or(1, usize::from),
         "cpu_model": model,
@@ -283,9 +433,19 @@ fn machine() -> Value {
     })
 }
 
+fn default_out(quick: bool) -> PathBuf {
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
+    if quick {
+        results.join("tmp/proxy-load-quick.json")
+    } else {
+        results.join("proxy-load.json")
+    }
+}
+
 fn write_json(path: &Path, doc: &Value) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(path, serde_json::to_string_pretty(doc)? + "\n").with_context(|| format!("writing {}", path.display()))
+    std::fs::write(path, serde_json::to_string_pretty(doc)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
 }
