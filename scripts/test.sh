@@ -3,6 +3,9 @@
 # start real proxies and upstream servers on loopback. This is the README's test command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# End-to-end tests start the real binaries (target/debug/weft-proxy); test runners build only
+# test targets, so build the binaries first.
+cargo build --workspace --bins
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"
 else
