@@ -8,7 +8,8 @@
 //! - cluster, lb, pool, breaker, outlier, retry, window: upstream selection and protection;
 //! - body: streaming bodies (bounded replay copy, idle timeout, end-of-stream accounting);
 //! - telemetry: Prometheus metrics, tenant cardinality limit, access log, traceparent;
-//! - server, admin, reload, worker: sockets, the admin API, hot reload, per-core workers.
+//! - server, admin, reload, worker: sockets, the admin API, hot reload, per-core workers;
+//! - xds: the control-plane client (ADS), pushes validated and swapped like a reload.
 
 pub mod admin;
 pub mod assign;
@@ -32,6 +33,7 @@ pub mod snapshot;
 pub mod telemetry;
 pub mod window;
 pub mod worker;
+pub mod xds;
 
 use arc_swap::ArcSwap;
 use std::sync::atomic::AtomicUsize;

@@ -29,11 +29,13 @@ pub struct Options {
     pub watch_interval: Duration,
     /// Handle SIGHUP (only a binary should).
     pub signals: bool,
+    /// Take services, experiments, clusters and endpoints from these xDS control nodes.
+    pub xds: Option<crate::xds::XdsOptions>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { workers: 1, config_path: None, watch_interval: Duration::from_secs(1), signals: false }
+        Options { workers: 1, config_path: None, watch_interval: Duration::from_secs(1), signals: false, xds: None }
     }
 }
 
@@ -52,6 +54,9 @@ impl Proxy {
     /// Errors (bad config, busy port) are returned before anything runs.
     pub fn start(mut cfg: Config, opts: Options) -> Result<Proxy, String> {
         let workers = opts.workers.max(1);
+        if let Some(x) = &opts.xds {
+            x.check(&cfg)?;
+        }
         let telemetry = Telemetry::new(&cfg.node);
         let snap = Snapshot::compile(cfg.clone(), None, workers, &telemetry)?;
         telemetry.configure(&cfg.telemetry)?;
@@ -92,6 +97,9 @@ impl Proxy {
                     .spawn(move || run_worker(id, sh, socks))
                     .map_err(|e| e.to_string())?,
             );
+        }
+        if let Some(x) = opts.xds.clone() {
+            crate::xds::spawn(shared.clone(), x, stop.subscribe()).map_err(|e| e.to_string())?;
         }
         let sh = shared.clone();
         let stop_rx = stop.subscribe();

@@ -145,12 +145,9 @@ async fn no_healthy_endpoint_503_and_timeouts_504() {
     assert_eq!(h["x-weft-error"], "upstream_timeout");
     assert!(t.elapsed() < Duration::from_millis(1500));
 
-    // A cluster whose only endpoint refuses connections.
-    let gone = Upstream::start("gone").await;
-    let addr_gone = gone.addr;
-    gone.stop();
-    drop(gone);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A cluster whose only endpoint refuses connections: port 1 (tcpmux) is privileged and never
+    // listened on here, so unlike a freed ephemeral port no parallel test can grab it.
+    let addr_gone = "127.0.0.1:1";
     let cfg = format!(
         "admin: {{address: \"127.0.0.1:0\"}}\nlisteners: [{{name: out, address: \"127.0.0.1:0\"}}]\nservices: [{{name: s, hosts: [\"*\"], routes: [{{name: r, cluster: c}}]}}]\nclusters: [{{name: c, endpoints: [\"{addr_gone}\"], outlier: {{consecutive_gateway_errors: 1, max_ejection_pct: 100}}}}]\n"
     );

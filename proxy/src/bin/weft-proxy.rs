@@ -1,4 +1,4 @@
-//! `weft-proxy --config proxy.yaml`: run the sidecar.
+//! `weft-proxy --config proxy.yaml [--xds host:port,...]`: run the sidecar.
 
 use clap::Parser;
 use std::path::PathBuf;
@@ -19,6 +19,18 @@ struct Args {
     /// On SIGTERM/SIGINT, how long to wait for in-flight requests before exiting.
     #[arg(long, default_value = "30s")]
     drain_timeout: String,
+    /// xDS control nodes, comma-separated (`host:port`); the first reachable one is used. With
+    /// it, services, experiments, clusters and endpoints come from the control plane and the
+    /// file only gives node identity, admin, listeners and telemetry (it is not hot-reloaded).
+    #[arg(long, value_delimiter = ',')]
+    xds: Vec<String>,
+    /// Node id sent to the control plane (default: the file's `node.id`).
+    #[arg(long, default_value = "")]
+    node_id: String,
+    /// File keeping the last good config pushed over xDS, served after a restart while the
+    /// control plane is unreachable.
+    #[arg(long)]
+    xds_cache: Option<PathBuf>,
     /// Log filter (RUST_LOG syntax), e.g. "info" or "weft_proxy=debug".
     #[arg(long, default_value = "info")]
     log: String,
@@ -45,12 +57,23 @@ fn run(args: Args) -> Result<(), String> {
     }
     let text = std::fs::read_to_string(&args.config).map_err(|e| format!("cannot read {}: {e}", args.config.display()))?;
     let cfg = weft_proxy::Config::from_yaml(&text).map_err(|e| format!("{}: {e}", args.config.display()))?;
+    let xds = (!args.xds.is_empty()).then(|| weft_proxy::xds::XdsOptions {
+        node_id: args.node_id.clone(),
+        cache_path: args.xds_cache.clone(),
+        ..weft_proxy::xds::XdsOptions::new(args.xds.clone())
+    });
+    if xds.is_none() && args.xds_cache.is_some() {
+        return Err("--xds-cache: only meaningful with --xds".into());
+    }
     let opts = weft_proxy::Options {
         workers: args.workers,
-        config_path: Some(args.config.clone()),
+        // With xDS the control plane owns the dynamic config; reloading the bootstrap would
+        // swap the pushed services and clusters out.
+        config_path: if xds.is_some() { None } else { Some(args.config.clone()) },
         // A zero interval would spin; "0" means SIGHUP only.
         watch_interval: if watch.is_zero() { Duration::from_secs(86400 * 365) } else { watch },
         signals: true,
+        xds,
     };
     let proxy = weft_proxy::Proxy::start(cfg, opts).map_err(|e| format!("{}: {e}", args.config.display()))?;
     for (l, a) in proxy.shared.snapshot.load().config.listeners.iter().zip(&proxy.listener_addrs) {

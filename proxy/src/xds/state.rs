@@ -1,0 +1,259 @@
+//! What the sidecar does with pushed resources, free of IO: given the responses that arrived
+//! together, decide each one's verdict (ACK/NACK) and which config to apply. The validator is
+//! passed in (`Shared::apply` in production), so the rules are unit-tested without sockets.
+//!
+//! State-of-the-World versions each type on its own, but a config change often spans types
+//! (a new cluster, its endpoints and the route that uses it). The server pushes all types of
+//! a revision back to back, so the IO loop hands them over as one batch, and the batch is
+//! first applied as a whole: one swap, no intermediate config that would be invalid or route
+//! to half of a change. Only if that fails are the types tried one at a time (repeatedly, so
+//! any order that works is found), and the ones that still fail are NACKed with their own
+//! error while the rest are ACKed.
+
+use weft_xds::subscription::Verdict;
+use weft_xds::transport::DiscoveryResponse;
+
+use super::convert::Dynamic;
+use crate::config::Config;
+
+/// The bootstrap plus the resources accepted so far (what is being served).
+#[derive(Debug, Clone)]
+pub struct State {
+    bootstrap: Config,
+    accepted: Dynamic,
+}
+
+/// The result of one batch.
+#[derive(Debug, PartialEq)]
+pub struct Outcome {
+    /// One per response, in batch order.
+    pub verdicts: Vec<Verdict>,
+    /// The version of the last config applied, if the batch changed what is served.
+    pub applied: Option<u64>,
+}
+
+impl State {
+    pub fn new(bootstrap: Config) -> State {
+        State { bootstrap, accepted: Dynamic::default() }
+    }
+
+    /// What the control plane delivered and the sidecar accepted (what the disk cache saves).
+    pub fn accepted(&self) -> &Dynamic {
+        &self.accepted
+    }
+
+    /// Serves `saved` (e.g. the disk cache) if `apply` accepts it; the state is unchanged if not.
+    pub fn restore(
+        &mut self,
+        saved: Dynamic,
+        apply: impl FnOnce(Config) -> Result<u64, String>,
+    ) -> Result<u64, String> {
+        let v = apply(saved.merge(&self.bootstrap))?;
+        self.accepted = saved;
+        Ok(v)
+    }
+
+    /// Decides a batch of responses; see the module doc for the order of attempts.
+    pub fn absorb(
+        &mut self,
+        batch: &[DiscoveryResponse],
+        mut apply: impl FnMut(Config) -> Result<u64, String>,
+    ) -> Outcome {
+        let mut verdicts: Vec<Option<Verdict>> =
+            batch.iter().map(|r| Dynamic::default().set(&r.type_url, &r.resources).err().map(Err)).collect();
+        let mut open: Vec<usize> = (0..batch.len()).filter(|&i| verdicts[i].is_none()).collect();
+        let mut applied = None;
+
+        // Everything at once: the common case, one swap.
+        let mut all = self.accepted.clone();
+        for &i in &open {
+            // Converted fine above, so this cannot fail; the verdict was recorded if it did.
+            let _ = all.set(&batch[i].type_url, &batch[i].resources);
+        }
+        match self.try_apply(all, &mut apply) {
+            Ok(v) => {
+                applied = v.or(applied);
+                open.iter().for_each(|&i| verdicts[i] = Some(Ok(())));
+                open.clear();
+            }
+            Err(e) if open.len() == 1 => {
+                verdicts[open[0]] = Some(Err(e));
+                open.clear();
+            }
+            Err(_) => {}
+        }
+
+        // One type at a time, until no more progress.
+        let mut errors: Vec<String> = vec![String::new(); batch.len()];
+        loop {
+            let before = open.len();
+            open.retain(|&i| {
+                let mut one = self.accepted.clone();
+                let _ = one.set(&batch[i].type_url, &batch[i].resources);
+                match self.try_apply(one, &mut apply) {
+                    Ok(v) => {
+                        applied = v.or(applied);
+                        verdicts[i] = Some(Ok(()));
+                        false
+                    }
+                    Err(e) => {
+                        errors[i] = e;
+                        true
+                    }
+                }
+            });
+            if open.is_empty() || open.len() == before {
+                break;
+            }
+        }
+        for i in open {
+            verdicts[i] = Some(Err(std::mem::take(&mut errors[i])));
+        }
+        Outcome { verdicts: verdicts.into_iter().map(|v| v.unwrap_or(Ok(()))).collect(), applied }
+    }
+
+    /// Applies `candidate` unless it is what is served already (a reconnect resends
+    /// everything; reapplying would only bump the version and rewrite the disk cache).
+    fn try_apply(
+        &mut self,
+        candidate: Dynamic,
+        apply: &mut impl FnMut(Config) -> Result<u64, String>,
+    ) -> Result<Option<u64>, String> {
+        if candidate == self.accepted {
+            return Ok(None);
+        }
+        let v = apply(candidate.merge(&self.bootstrap))?;
+        self.accepted = candidate;
+        Ok(Some(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_xds::resources::{to_any, v1};
+    use weft_xds::typeurl;
+
+    fn bootstrap() -> Config {
+        Config::from_yaml("listeners: [{name: out, address: \"127.0.0.1:0\"}]").unwrap()
+    }
+
+    /// A stand-in for `Shared::apply`: every route's cluster must exist and have endpoints.
+    fn validator(applied: &mut Vec<Config>) -> impl FnMut(Config) -> Result<u64, String> + '_ {
+        move |cfg: Config| {
+            for c in &cfg.clusters {
+                if c.endpoints.is_empty() {
+                    return Err(format!("clusters.{}.endpoints: at least one endpoint is required", c.name));
+                }
+            }
+            for s in &cfg.services {
+                for r in &s.routes {
+                    let c = r.cluster.as_deref().unwrap_or_default();
+                    if !cfg.clusters.iter().any(|x| x.name == c) {
+                        return Err(format!("services.{}.routes.{}.cluster: unknown cluster {c:?}", s.name, r.name));
+                    }
+                }
+            }
+            applied.push(cfg);
+            Ok(applied.len() as u64)
+        }
+    }
+
+    fn clusters(names: &[&str]) -> DiscoveryResponse {
+        let resources =
+            names.iter().map(|n| to_any(&v1::Cluster { name: (*n).into(), ..Default::default() })).collect();
+        DiscoveryResponse { type_url: typeurl::CLUSTER.into(), resources, ..Default::default() }
+    }
+
+    fn endpoints(names: &[&str]) -> DiscoveryResponse {
+        let resources = names
+            .iter()
+            .map(|n| {
+                to_any(&v1::Endpoints {
+                    cluster_name: (*n).into(),
+                    endpoints: vec![v1::Endpoint {
+                        address: "127.0.0.1:1".into(),
+                        healthy: true,
+                        ..Default::default()
+                    }],
+                })
+            })
+            .collect();
+        DiscoveryResponse { type_url: typeurl::ENDPOINTS.into(), resources, ..Default::default() }
+    }
+
+    fn services(cluster: &str) -> DiscoveryResponse {
+        let s = v1::Service {
+            name: "s".into(),
+            hosts: vec!["*".into()],
+            routes: vec![v1::Route {
+                name: "r".into(),
+                target: Some(v1::route::Target::Cluster(cluster.into())),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        DiscoveryResponse { type_url: typeurl::SERVICE.into(), resources: vec![to_any(&s)], ..Default::default() }
+    }
+
+    #[test]
+    fn a_batch_that_is_only_valid_as_a_whole_is_applied_in_one_swap() {
+        let mut applied = Vec::new();
+        let mut st = State::new(bootstrap());
+        let out = st.absorb(&[clusters(&["a"]), endpoints(&["a"]), services("a")], validator(&mut applied));
+        assert_eq!(out, Outcome { verdicts: vec![Ok(()), Ok(()), Ok(())], applied: Some(1) });
+        assert_eq!(applied.len(), 1, "one swap for the whole batch");
+        assert_eq!(applied[0].clusters[0].endpoints, vec!["127.0.0.1:1".to_string()]);
+    }
+
+    #[test]
+    fn an_invalid_type_is_nacked_and_the_others_of_the_batch_are_acked() {
+        let mut applied = Vec::new();
+        let mut st = State::new(bootstrap());
+        st.absorb(&[clusters(&["a"]), endpoints(&["a"]), services("a")], validator(&mut applied));
+        // New endpoints are fine; a route to an unknown cluster is not.
+        let out = st.absorb(&[endpoints(&["a", "b"]), services("nope")], validator(&mut applied));
+        assert_eq!(out.verdicts[0], Ok(()));
+        assert_eq!(out.verdicts[1], Err("services.s.routes.r.cluster: unknown cluster \"nope\"".into()));
+        assert_eq!(st.accepted().services[0].routes[0].cluster.as_deref(), Some("a"), "the old route keeps serving");
+        assert_eq!(st.accepted().endpoints.len(), 2);
+    }
+
+    #[test]
+    fn types_are_tried_in_whatever_order_works() {
+        let mut applied = Vec::new();
+        let mut st = State::new(bootstrap());
+        st.absorb(&[clusters(&["a", "b"]), endpoints(&["a", "b"]), services("a")], validator(&mut applied));
+        // Removing cluster a only works after the route moved to b; an invalid third type
+        // (endpoints gone) makes the whole-batch attempt fail, so the one-at-a-time pass must
+        // find the order that works for the other two.
+        let out = st.absorb(&[clusters(&["b"]), services("b"), endpoints(&[])], validator(&mut applied));
+        assert_eq!(out.verdicts[..2].to_vec(), vec![Ok::<(), String>(()), Ok(())]);
+        assert_eq!(out.verdicts[2], Err("clusters.b.endpoints: at least one endpoint is required".into()));
+        assert_eq!(st.accepted().clusters.len(), 1);
+    }
+
+    #[test]
+    fn an_unchanged_push_is_acked_without_a_new_swap() {
+        let mut applied = Vec::new();
+        let mut st = State::new(bootstrap());
+        st.absorb(&[clusters(&["a"]), endpoints(&["a"])], validator(&mut applied));
+        let out = st.absorb(&[clusters(&["a"]), endpoints(&["a"])], validator(&mut applied));
+        assert_eq!(out, Outcome { verdicts: vec![Ok(()), Ok(())], applied: None });
+        assert_eq!(applied.len(), 1);
+    }
+
+    #[test]
+    fn restore_serves_a_saved_set_only_if_it_is_valid() {
+        let mut applied = Vec::new();
+        let mut st = State::new(bootstrap());
+        let mut saved = Dynamic::default();
+        saved.set(typeurl::SERVICE, &services("gone").resources).unwrap();
+        assert!(st.restore(saved.clone(), validator(&mut applied)).is_err());
+        assert_eq!(st.accepted(), &Dynamic::default());
+        saved.set(typeurl::CLUSTER, &clusters(&["gone"]).resources).unwrap();
+        saved.set(typeurl::ENDPOINTS, &endpoints(&["gone"]).resources).unwrap();
+        assert_eq!(st.restore(saved.clone(), validator(&mut applied)), Ok(1));
+        assert_eq!(st.accepted(), &saved);
+    }
+}
