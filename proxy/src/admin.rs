@@ -30,7 +30,8 @@ pub fn run_control(
         tokio::spawn(crate::reload::run(sh.clone(), opts));
         let upkeep = sh.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            // Often enough that unscraped histogram samples never pile up under load.
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
                 upkeep.telemetry.upkeep();
