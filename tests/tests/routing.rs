@@ -213,3 +213,34 @@ async fn header_read_timeout_closes_slow_clients_when_set() {
     let closed = tokio::time::timeout(std::time::Duration::from_secs(3), s.read_to_end(&mut buf)).await;
     assert!(closed.is_ok(), "the slow connection was closed by the header read timeout");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_bytes_never_take_the_proxy_down() {
+    use rand::{Rng, SeedableRng};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let p = start_proxy(&ab_config(&a, &b, "", (1, 0)));
+    let addr = p.listener_addrs[0];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let pieces: [&[u8]; 8] = [b"GET ", b"POST ", b"/v2/models/m/infer", b" HTTP/1.1\r\n", b"Host: ranker\r\n", b"Content-Length: 5\r\n", b"\r\n", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"];
+    for _ in 0..300 {
+        // Mix protocol fragments with random bytes: closer to real garbage than pure noise.
+        let mut input = Vec::new();
+        for _ in 0..rng.random_range(1..8) {
+            if rng.random_bool(0.5) {
+                input.extend_from_slice(pieces[rng.random_range(0..pieces.len())]);
+            } else {
+                let n = rng.random_range(0..64);
+                input.extend((0..n).map(|_| rng.random::<u8>()));
+            }
+        }
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = s.write_all(&input).await;
+        let _ = s.shutdown().await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(300), s.read_to_end(&mut out)).await;
+    }
+    let (s, _, _) = get(&client(), addr, "ranker", "/v2/models/m/infer", &[]).await;
+    assert_eq!(s, 200, "still serving after 300 garbage connections");
+    assert_eq!(admin_get(p.admin_addr, "/live").await.0, 200);
+}
