@@ -200,11 +200,10 @@ pin_project_lite::pin_project! {
 
     impl PinnedDrop for RespBody {
         fn drop(this: Pin<&mut Self>) {
-            if let RespProj::Upstream { on_end, .. } = this.project() {
-                if let Some(f) = on_end.take() {
+            if let RespProj::Upstream { on_end, .. } = this.project()
+                && let Some(f) = on_end.take() {
                     f(End::Cancelled);
                 }
-            }
         }
     }
 }
@@ -222,11 +221,10 @@ impl RespBody {
         b
     }
     fn finish(&mut self, how: End) {
-        if let RespBody::Upstream { on_end, .. } = self {
-            if let Some(f) = on_end.take() {
+        if let RespBody::Upstream { on_end, .. } = self
+            && let Some(f) = on_end.take() {
                 f(how);
             }
-        }
     }
 }
 

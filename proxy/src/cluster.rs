@@ -157,14 +157,13 @@ impl Cluster {
                 })))
             }
         };
-        if let Some(o) = &cfg.outlier {
-            if o.max_ejection_pct > 100 {
+        if let Some(o) = &cfg.outlier
+            && o.max_ejection_pct > 100 {
                 return Err(format!(
                     "clusters.{}.outlier.max_ejection_pct: {} is above 100",
                     cfg.name, o.max_ejection_pct
                 ));
             }
-        }
         let cl = vec![Label::new("cluster", cfg.name.clone())];
         let with = |k: &'static str, v: &'static str| {
             let mut l = cl.clone();

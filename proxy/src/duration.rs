@@ -56,7 +56,7 @@ impl fmt::Display for Dur {
         let ms = self.0.as_millis();
         if ms == 0 && self.0.is_zero() {
             write!(f, "0")
-        } else if ms % 1000 == 0 {
+        } else if ms.is_multiple_of(1000) {
             write!(f, "{}s", ms / 1000)
         } else if ms > 0 {
             write!(f, "{ms}ms")

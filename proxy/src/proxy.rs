@@ -634,11 +634,10 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 
 fn prepare_headers(h: &mut HeaderMap, authority: &str, traceparent: &[u8], variant: Option<&VariantRt>) {
     strip_hop_by_hop(h);
-    if !h.contains_key(header::HOST) {
-        if let Ok(v) = HeaderValue::from_str(authority) {
+    if !h.contains_key(header::HOST)
+        && let Ok(v) = HeaderValue::from_str(authority) {
             h.insert(header::HOST, v);
         }
-    }
     if let Ok(v) = HeaderValue::from_bytes(traceparent) {
         h.insert(TRACEPARENT.clone(), v);
     }
