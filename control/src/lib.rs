@@ -2,5 +2,7 @@
 //! server glue, weftctl); today it holds the pure decision logic that needs no IO yet.
 //!
 //! - `fault`: phi-accrual failure detection over sidecar heartbeats.
+//! - `store`: the Raft-replicated config store (openraft, log and state persisted in redb).
 
 pub mod fault;
+pub mod store;

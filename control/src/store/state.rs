@@ -1,0 +1,393 @@
+//! `RaftStateMachine` on redb: the config state (resources keyed `kind/name`, each with the
+//! revision that last wrote it), per-resource history, `last_applied`, membership, snapshots.
+//!
+//! Every applied batch is one write transaction that also records `last_applied`, so after a
+//! crash the state and the applied index agree and openraft re-applies only what follows.
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
+use openraft::{
+    BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, StorageError,
+    StorageIOError, StoredMembership,
+};
+use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use serde::{Deserialize, Serialize};
+
+use super::db::{
+    self, HISTORY, KEY_LAST_APPLIED, KEY_MEMBERSHIP, KEY_SNAPSHOT_DATA, KEY_SNAPSHOT_META,
+    RESOURCES, SM_META,
+};
+use super::types::{
+    Command, CommandError, CommandResult, HistoryEntry, NodeId, Resource, TypeConfig,
+};
+
+type Membership = StoredMembership<NodeId, BasicNode>;
+type Meta = SnapshotMeta<NodeId, BasicNode>;
+/// Last applied id, membership and data: everything a snapshot captures.
+type FullState = (Option<LogId<NodeId>>, Membership, SnapshotState);
+
+/// The serialized form of a snapshot: the whole config state including history, so a node
+/// that installs it can still list history and roll back.
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotState {
+    pub resources: Vec<Resource>,
+    /// (`kind/name`, revision, value or None for a delete).
+    pub history: Vec<(String, u64, Option<String>)>,
+}
+
+/// State-machine handle; clones share the same file (the store keeps one for reads).
+#[derive(Clone)]
+pub struct StateMachineStore {
+    db: Arc<redb::Database>,
+    /// Held by every copy openraft owns, so `Node::shutdown` can wait until they are gone.
+    _lease: Option<Arc<()>>,
+}
+
+fn sm_read<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> {
+    StorageIOError::read_state_machine(db::any(e)).into()
+}
+
+fn sm_write<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> {
+    StorageIOError::write_state_machine(db::any(e)).into()
+}
+
+impl StateMachineStore {
+    pub(crate) fn new(db: Arc<redb::Database>, lease: Option<Arc<()>>) -> Self {
+        Self { db, _lease: lease }
+    }
+
+    /// The current value of `kind/name`, if it exists.
+    pub fn get(&self, kind: &str, name: &str) -> Result<Option<Resource>, StorageError<NodeId>> {
+        let tx = self.db.begin_read().map_err(sm_read)?;
+        let t = tx.open_table(RESOURCES).map_err(sm_read)?;
+        match t
+            .get(db::resource_key(kind, name).as_str())
+            .map_err(sm_read)?
+        {
+            Some(v) => Ok(Some(db::from_json(v.value()).map_err(sm_read)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every resource of `kind`, ordered by name.
+    pub fn list(&self, kind: &str) -> Result<Vec<Resource>, StorageError<NodeId>> {
+        let tx = self.db.begin_read().map_err(sm_read)?;
+        let t = tx.open_table(RESOURCES).map_err(sm_read)?;
+        // Keys are `kind/name`; '0' is the byte after '/', so this range is exactly one kind.
+        let lo = format!("{kind}/");
+        let hi = format!("{kind}0");
+        let mut out = Vec::new();
+        for item in t.range::<&str>(lo.as_str()..hi.as_str()).map_err(sm_read)? {
+            let (_k, v) = item.map_err(sm_read)?;
+            out.push(db::from_json(v.value()).map_err(sm_read)?);
+        }
+        Ok(out)
+    }
+
+    /// Every recorded revision of `kind/name`, oldest first (deletes appear as `None`).
+    pub fn history(
+        &self,
+        kind: &str,
+        name: &str,
+    ) -> Result<Vec<HistoryEntry>, StorageError<NodeId>> {
+        let key = db::resource_key(kind, name);
+        let tx = self.db.begin_read().map_err(sm_read)?;
+        let t = tx.open_table(HISTORY).map_err(sm_read)?;
+        let mut out = Vec::new();
+        for item in t
+            .range((key.as_str(), 0u64)..=(key.as_str(), u64::MAX))
+            .map_err(sm_read)?
+        {
+            let (k, v) = item.map_err(sm_read)?;
+            let value_json: Option<String> = db::from_json(v.value()).map_err(sm_read)?;
+            out.push(HistoryEntry {
+                revision: k.value().1,
+                value_json,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Index of the last applied log entry (0 before anything was applied).
+    pub fn last_applied_index(&self) -> Result<u64, StorageError<NodeId>> {
+        let l: Option<Option<LogId<NodeId>>> = db::read_meta(&self.db, SM_META, KEY_LAST_APPLIED)?;
+        Ok(l.flatten().map(|l| l.index).unwrap_or(0))
+    }
+
+    /// Reads the whole state in one read transaction (a consistent cut).
+    fn read_state(&self) -> Result<FullState, StorageError<NodeId>> {
+        let tx = self.db.begin_read().map_err(sm_read)?;
+        let meta = tx.open_table(SM_META).map_err(sm_read)?;
+        let last_applied: Option<LogId<NodeId>> =
+            match meta.get(KEY_LAST_APPLIED).map_err(sm_read)? {
+                Some(v) => db::from_json(v.value()).map_err(sm_read)?,
+                None => None,
+            };
+        let membership: Membership = match meta.get(KEY_MEMBERSHIP).map_err(sm_read)? {
+            Some(v) => db::from_json(v.value()).map_err(sm_read)?,
+            None => Membership::default(),
+        };
+        let mut state = SnapshotState::default();
+        let res = tx.open_table(RESOURCES).map_err(sm_read)?;
+        for item in res.iter().map_err(sm_read)? {
+            let (_k, v) = item.map_err(sm_read)?;
+            state
+                .resources
+                .push(db::from_json(v.value()).map_err(sm_read)?);
+        }
+        let hist = tx.open_table(HISTORY).map_err(sm_read)?;
+        for item in hist.iter().map_err(sm_read)? {
+            let (k, v) = item.map_err(sm_read)?;
+            let (key, rev) = k.value();
+            state.history.push((
+                key.to_string(),
+                rev,
+                db::from_json(v.value()).map_err(sm_read)?,
+            ));
+        }
+        Ok((last_applied, membership, state))
+    }
+}
+
+/// Applies one command inside `tx`. Refusals return `Ok(Err(..))`: they are results, and the
+/// transaction stays usable for the rest of the batch.
+fn apply_command(
+    tx: &WriteTransaction,
+    index: u64,
+    cmd: &Command,
+) -> Result<CommandResult, StorageError<NodeId>> {
+    let (kind, name, expect) = match cmd {
+        Command::Put {
+            kind,
+            name,
+            expect_revision,
+            ..
+        } => (kind, name, *expect_revision),
+        Command::Delete {
+            kind,
+            name,
+            expect_revision,
+        } => (kind, name, *expect_revision),
+    };
+    let bad = |s: &str| s.is_empty() || s.contains('/');
+    if bad(kind) || bad(name) {
+        return Ok(Err(CommandError::InvalidKey {
+            kind: kind.clone(),
+            name: name.clone(),
+        }));
+    }
+    let key = db::resource_key(kind, name);
+    let mut res = tx.open_table(RESOURCES).map_err(sm_write)?;
+    let current: Option<Resource> = match res.get(key.as_str()).map_err(sm_write)? {
+        Some(v) => Some(db::from_json(v.value()).map_err(sm_write)?),
+        None => None,
+    };
+    let actual = current.as_ref().map(|r| r.revision).unwrap_or(0);
+    if let Some(expected) = expect
+        && expected != actual
+    {
+        return Ok(Err(CommandError::Conflict {
+            kind: kind.clone(),
+            name: name.clone(),
+            expected,
+            actual,
+        }));
+    }
+    let mut hist = tx.open_table(HISTORY).map_err(sm_write)?;
+    match cmd {
+        Command::Put { value_json, .. } => {
+            if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(value_json) {
+                return Ok(Err(CommandError::InvalidJson {
+                    kind: kind.clone(),
+                    name: name.clone(),
+                    error: e.to_string(),
+                }));
+            }
+            let r = Resource {
+                kind: kind.clone(),
+                name: name.clone(),
+                value_json: value_json.clone(),
+                revision: index,
+            };
+            let bytes = db::to_json(&r).map_err(sm_write)?;
+            res.insert(key.as_str(), bytes.as_slice())
+                .map_err(sm_write)?;
+            let hb = db::to_json(&Some(value_json)).map_err(sm_write)?;
+            hist.insert((key.as_str(), index), hb.as_slice())
+                .map_err(sm_write)?;
+        }
+        Command::Delete { .. } => {
+            if current.is_none() {
+                return Ok(Err(CommandError::NotFound {
+                    kind: kind.clone(),
+                    name: name.clone(),
+                }));
+            }
+            res.remove(key.as_str()).map_err(sm_write)?;
+            let hb = db::to_json(&None::<String>).map_err(sm_write)?;
+            hist.insert((key.as_str(), index), hb.as_slice())
+                .map_err(sm_write)?;
+        }
+    }
+    Ok(Ok(index))
+}
+
+fn put_meta<T: Serialize>(
+    tx: &WriteTransaction,
+    key: &str,
+    v: &T,
+) -> Result<(), StorageError<NodeId>> {
+    let bytes = db::to_json(v).map_err(sm_write)?;
+    let mut t = tx.open_table(SM_META).map_err(sm_write)?;
+    t.insert(key, bytes.as_slice()).map_err(sm_write)?;
+    Ok(())
+}
+
+fn put_snapshot(
+    tx: &WriteTransaction,
+    meta: &Meta,
+    data: &[u8],
+) -> Result<(), StorageError<NodeId>> {
+    put_meta(tx, KEY_SNAPSHOT_META, meta)?;
+    let mut t = tx.open_table(SM_META).map_err(sm_write)?;
+    t.insert(KEY_SNAPSHOT_DATA, data).map_err(sm_write)?;
+    Ok(())
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let (last_applied, membership, state) = self.read_state()?;
+        let data = serde_json::to_vec(&state)
+            .map_err(|e| StorageIOError::write_snapshot(None, db::any(e)))?;
+        // A unique id per build: openraft compares ids to tell snapshots apart.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let snapshot_id = match last_applied {
+            Some(l) => format!("{}-{}-{nanos}", l.leader_id, l.index),
+            None => format!("none-{nanos}"),
+        };
+        let meta = Meta {
+            last_log_id: last_applied,
+            last_membership: membership,
+            snapshot_id,
+        };
+        // Keep the snapshot so it survives a restart and can be sent to lagging followers.
+        let tx = self.db.begin_write().map_err(sm_write)?;
+        put_snapshot(&tx, &meta, &data)?;
+        tx.commit().map_err(sm_write)?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, Membership), StorageError<NodeId>> {
+        let last: Option<Option<LogId<NodeId>>> =
+            db::read_meta(&self.db, SM_META, KEY_LAST_APPLIED)?;
+        let membership: Option<Membership> = db::read_meta(&self.db, SM_META, KEY_MEMBERSHIP)?;
+        Ok((last.flatten(), membership.unwrap_or_default()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandResult>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let tx = self.db.begin_write().map_err(sm_write)?;
+        let mut out = Vec::new();
+        let mut last = None;
+        let mut membership = None;
+        for entry in entries {
+            let index = entry.log_id.index;
+            last = Some(entry.log_id);
+            match &entry.payload {
+                EntryPayload::Blank => out.push(Ok(index)),
+                EntryPayload::Normal(cmd) => out.push(apply_command(&tx, index, cmd)?),
+                EntryPayload::Membership(m) => {
+                    membership = Some(Membership::new(Some(entry.log_id), m.clone()));
+                    out.push(Ok(index));
+                }
+            }
+        }
+        if let Some(l) = last {
+            put_meta(&tx, KEY_LAST_APPLIED, &Some(l))?;
+        }
+        if let Some(m) = membership {
+            put_meta(&tx, KEY_MEMBERSHIP, &m)?;
+        }
+        tx.commit().map_err(sm_write)?;
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &Meta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let data = snapshot.into_inner();
+        let state: SnapshotState = serde_json::from_slice(&data)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), db::any(e)))?;
+        // Replace the whole state in one transaction: a crash leaves either the old or the new.
+        let tx = self.db.begin_write().map_err(sm_write)?;
+        {
+            let mut res = tx.open_table(RESOURCES).map_err(sm_write)?;
+            res.retain(|_, _| false).map_err(sm_write)?;
+            for r in &state.resources {
+                let bytes = db::to_json(r).map_err(sm_write)?;
+                res.insert(
+                    db::resource_key(&r.kind, &r.name).as_str(),
+                    bytes.as_slice(),
+                )
+                .map_err(sm_write)?;
+            }
+            let mut hist = tx.open_table(HISTORY).map_err(sm_write)?;
+            hist.retain(|_, _| false).map_err(sm_write)?;
+            for (key, rev, v) in &state.history {
+                let bytes = db::to_json(v).map_err(sm_write)?;
+                hist.insert((key.as_str(), *rev), bytes.as_slice())
+                    .map_err(sm_write)?;
+            }
+        }
+        put_meta(&tx, KEY_LAST_APPLIED, &meta.last_log_id)?;
+        put_meta(&tx, KEY_MEMBERSHIP, &meta.last_membership)?;
+        put_snapshot(&tx, meta, &data)?;
+        tx.commit().map_err(sm_write)
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let meta: Option<Meta> = db::read_meta(&self.db, SM_META, KEY_SNAPSHOT_META)?;
+        let Some(meta) = meta else { return Ok(None) };
+        let tx = self.db.begin_read().map_err(sm_read)?;
+        let t = tx.open_table(SM_META).map_err(sm_read)?;
+        let data = match t.get(KEY_SNAPSHOT_DATA).map_err(sm_read)? {
+            Some(v) => v.value().to_vec(),
+            None => return Ok(None),
+        };
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}

@@ -1,0 +1,320 @@
+//! Single-node tests of the store: writes, optimistic concurrency, restart recovery,
+//! snapshot round trip and log purge. Each uses a temp file and finishes in well under a second.
+
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::{RaftLogReader, RaftSnapshotBuilder};
+
+use super::*;
+
+fn put(kind: &str, name: &str, v: &str, expect: Option<u64>) -> Command {
+    Command::Put {
+        kind: kind.into(),
+        name: name.into(),
+        value_json: v.into(),
+        expect_revision: expect,
+    }
+}
+
+fn del(kind: &str, name: &str, expect: Option<u64>) -> Command {
+    Command::Delete {
+        kind: kind.into(),
+        name: name.into(),
+        expect_revision: expect,
+    }
+}
+
+async fn start(path: &std::path::Path, snapshot_every: u64) -> Node {
+    let store = Store::open(path).expect("open store");
+    let cfg = raft_config(snapshot_every, 0).expect("config");
+    Node::start_single(1, "127.0.0.1:0", &store, cfg)
+        .await
+        .expect("start")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_then_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("s.redb"), 1000).await;
+    let r1 = node
+        .write(put("service", "chat", r#"{"port":8080}"#, None))
+        .await
+        .unwrap();
+    let r2 = node
+        .write(put("service", "embed", r#"{"port":9090}"#, None))
+        .await
+        .unwrap();
+    assert!(r1 >= 1 && r2 > r1, "revisions increase: {r1} {r2}");
+    let got = node.read("service", "chat").await.unwrap().unwrap();
+    assert_eq!(got.value_json, r#"{"port":8080}"#);
+    assert_eq!(got.revision, r1);
+    let names: Vec<_> = node
+        .list("service")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, vec!["chat", "embed"]);
+    assert!(node.read("service", "missing").await.unwrap().is_none());
+    assert!(node.list("cluster").await.unwrap().is_empty());
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optimistic_concurrency_and_bad_input_are_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("s.redb"), 1000).await;
+    let r1 = node.write(put("route", "a", "1", Some(0))).await.unwrap();
+    match node.write(put("route", "a", "2", Some(0))).await {
+        Err(StoreError::Rejected(CommandError::Conflict {
+            expected: 0,
+            actual,
+            ..
+        })) => assert_eq!(actual, r1),
+        other => panic!("want conflict, got {other:?}"),
+    }
+    let r2 = node.write(put("route", "a", "2", Some(r1))).await.unwrap();
+    assert!(r2 > r1);
+    assert!(matches!(
+        node.write(del("route", "a", Some(r1))).await,
+        Err(StoreError::Rejected(CommandError::Conflict { .. }))
+    ));
+    assert!(matches!(
+        node.write(del("route", "nope", None)).await,
+        Err(StoreError::Rejected(CommandError::NotFound { .. }))
+    ));
+    assert!(matches!(
+        node.write(put("route", "b", "{not json", None)).await,
+        Err(StoreError::Rejected(CommandError::InvalidJson { .. }))
+    ));
+    assert!(matches!(
+        node.write(put("route", "x/y", "1", None)).await,
+        Err(StoreError::Rejected(CommandError::InvalidKey { .. }))
+    ));
+    let r3 = node.write(del("route", "a", Some(r2))).await.unwrap();
+    assert!(node.read("route", "a").await.unwrap().is_none());
+    // History keeps every revision, including the tombstone, for rollback.
+    let h = node.local().history("route", "a").unwrap();
+    let revs: Vec<_> = h
+        .iter()
+        .map(|e| (e.revision, e.value_json.clone()))
+        .collect();
+    assert_eq!(
+        revs,
+        vec![(r1, Some("1".into())), (r2, Some("2".into())), (r3, None)]
+    );
+    // A create after delete is allowed again with expect 0.
+    node.write(put("route", "a", "3", Some(0))).await.unwrap();
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_recovers_acknowledged_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let mut acked = Vec::new();
+    {
+        let node = start(&path, 1000).await;
+        for i in 0..20 {
+            let rev = node
+                .write(put("endpoint", &format!("e{i}"), &i.to_string(), None))
+                .await
+                .unwrap();
+            acked.push((format!("e{i}"), rev));
+        }
+        node.shutdown().await.unwrap();
+    }
+    let node = start(&path, 1000).await;
+    for (name, rev) in &acked {
+        let r = node
+            .read("endpoint", name)
+            .await
+            .unwrap()
+            .expect("acked write survives restart");
+        assert_eq!(r.revision, *rev);
+    }
+    let last = acked.last().unwrap().1;
+    let next = node
+        .write(put("endpoint", "after", "1", None))
+        .await
+        .unwrap();
+    assert!(next > last, "revision continues: {next} > {last}");
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_build_and_install_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Store::open(dir.path().join("a.redb")).unwrap();
+    {
+        let node = Node::start_single(1, "127.0.0.1:0", &src, raft_config(1000, 0).unwrap())
+            .await
+            .unwrap();
+        node.write(put("service", "chat", r#"{"v":1}"#, None))
+            .await
+            .unwrap();
+        node.write(put("service", "chat", r#"{"v":2}"#, None))
+            .await
+            .unwrap();
+        node.write(put("cluster", "gpu", r#"{"n":4}"#, None))
+            .await
+            .unwrap();
+        node.write(del("cluster", "gpu", None)).await.unwrap();
+        node.shutdown().await.unwrap();
+    }
+    let mut sm = src.state_machine();
+    let snap = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let applied = sm.applied_state().await.unwrap();
+    assert_eq!(snap.meta.last_log_id, applied.0);
+    // The built snapshot is kept as the current one.
+    let cur = sm
+        .get_current_snapshot()
+        .await
+        .unwrap()
+        .expect("current snapshot");
+    assert_eq!(cur.meta, snap.meta);
+
+    let dst = Store::open(dir.path().join("b.redb")).unwrap();
+    let mut dsm = dst.state_machine();
+    dsm.install_snapshot(&snap.meta, snap.snapshot)
+        .await
+        .unwrap();
+    let (last, membership) = dsm.applied_state().await.unwrap();
+    assert_eq!(last, applied.0);
+    assert_eq!(membership, applied.1);
+    for (kind, name) in [("service", "chat"), ("cluster", "gpu")] {
+        assert_eq!(dsm.get(kind, name).unwrap(), sm.get(kind, name).unwrap());
+        assert_eq!(
+            dsm.history(kind, name).unwrap(),
+            sm.history(kind, name).unwrap()
+        );
+    }
+    assert_eq!(dsm.history("service", "chat").unwrap().len(), 2);
+    assert!(dsm.get("cluster", "gpu").unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_is_purged_after_snapshot_and_restart_still_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let mut last = 0;
+    {
+        // Snapshot every 10 entries and keep none: the purge follows each snapshot.
+        let node = start(&path, 10).await;
+        for i in 0..35 {
+            last = node
+                .write(put("variant", &format!("v{}", i % 5), &i.to_string(), None))
+                .await
+                .unwrap();
+        }
+        let m = node
+            .raft()
+            .wait(Some(std::time::Duration::from_secs(5)))
+            .metrics(
+                |m| m.purged.is_some() && m.snapshot.is_some(),
+                "snapshot and purge",
+            )
+            .await
+            .unwrap();
+        let purged = m.purged.unwrap().index;
+        assert!(purged >= 10, "purged up to {purged}");
+        node.shutdown().await.unwrap();
+    }
+    // The file itself no longer holds the purged entries.
+    let store = Store::open(&path).unwrap();
+    let mut log = store.log_store();
+    let state = log.get_log_state().await.unwrap();
+    let purged = state.last_purged_log_id.expect("purged id persisted").index;
+    let entries = log.try_get_log_entries(0..=purged).await.unwrap();
+    assert!(
+        entries.is_empty(),
+        "{} purged entries remain",
+        entries.len()
+    );
+    assert_eq!(state.last_log_id.map(|l| l.index), Some(last));
+    drop(log);
+    drop(store);
+    // Restart from snapshot + remaining log.
+    let node = start(&path, 10).await;
+    for i in 30..35 {
+        let r = node
+            .read("variant", &format!("v{}", i % 5))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.value_json, i.to_string());
+    }
+    assert!(node.write(put("variant", "new", "1", None)).await.unwrap() > last);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_restores_an_old_revision_as_a_new_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("s.redb"), 1000).await;
+    let r1 = node
+        .write(put("experiment", "e", r#"{"w":[50,50]}"#, None))
+        .await
+        .unwrap();
+    let r2 = node
+        .write(put("experiment", "e", r#"{"w":[90,10]}"#, None))
+        .await
+        .unwrap();
+    let r3 = node.rollback("experiment", "e", r1).await.unwrap();
+    assert!(r3 > r2);
+    let now = node.read("experiment", "e").await.unwrap().unwrap();
+    assert_eq!(
+        (now.value_json.as_str(), now.revision),
+        (r#"{"w":[50,50]}"#, r3)
+    );
+    assert_eq!(node.local().history("experiment", "e").unwrap().len(), 3);
+    assert!(matches!(
+        node.rollback("experiment", "e", 9999).await,
+        Err(StoreError::Rejected(CommandError::NotFound { .. }))
+    ));
+    node.shutdown().await.unwrap();
+}
+
+/// Builds a fresh store in a temp dir for openraft's storage conformance suite; the `TempDir`
+/// is the guard that keeps the file alive for one suite case.
+struct TempStoreBuilder;
+
+impl openraft::testing::StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir>
+    for TempStoreBuilder
+{
+    async fn build(
+        &self,
+    ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), openraft::StorageError<NodeId>>
+    {
+        let dir = tempfile::tempdir().map_err(|e| {
+            openraft::StorageError::from_io_error(
+                openraft::ErrorSubject::Store,
+                openraft::ErrorVerb::Write,
+                e,
+            )
+        })?;
+        let store = match Store::open(dir.path().join("s.redb")) {
+            Ok(s) => s,
+            Err(StoreError::Storage(e)) => return Err(e),
+            Err(e) => {
+                return Err(openraft::StorageIOError::write(openraft::AnyError::error(
+                    e.to_string(),
+                ))
+                .into());
+            }
+        };
+        Ok((dir, store.log_store(), store.state_machine()))
+    }
+}
+
+/// openraft's own storage test suite (log state, vote, append/truncate/purge, applied state,
+/// membership tracking) against the redb implementation.
+#[test]
+fn openraft_storage_suite() {
+    openraft::testing::Suite::test_all(TempStoreBuilder).expect("storage suite");
+}

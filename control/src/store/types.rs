@@ -1,0 +1,118 @@
+//! The Raft type configuration and the commands the config store replicates.
+//!
+//! Commands carry the resource value as a JSON string (not a `serde_json::Value`) so the log
+//! encoding stays independent of the value's shape and a later binary encoding of the log is
+//! possible without touching the state machine.
+
+use std::io::Cursor;
+
+use serde::{Deserialize, Serialize};
+
+openraft::declare_raft_types!(
+    /// Type configuration of weft's config store.
+    pub TypeConfig:
+        D            = Command,
+        R            = CommandResult,
+        NodeId       = u64,
+        Node         = openraft::BasicNode,
+        Entry        = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// Node id of a control-plane member.
+pub type NodeId = u64;
+
+/// The `Raft` handle specialised for the config store.
+pub type ConfigRaft = openraft::Raft<TypeConfig>;
+
+/// A replicated change to the config state.
+///
+/// `expect_revision` is an optimistic-concurrency precondition: `None` applies unconditionally,
+/// `Some(0)` demands that the resource does not exist (create), `Some(r)` demands that its
+/// current revision is `r`. Revision 0 is never a write: openraft's first client entry has
+/// index ≥ 1 (index 0 holds the initial membership).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Create or replace `kind/name` with `value_json`.
+    Put {
+        kind: String,
+        name: String,
+        value_json: String,
+        expect_revision: Option<u64>,
+    },
+    /// Remove `kind/name`; its history is kept (a tombstone) so it can be rolled back.
+    Delete {
+        kind: String,
+        name: String,
+        expect_revision: Option<u64>,
+    },
+}
+
+/// Why the state machine refused a command. Refusals are committed log entries with a
+/// deterministic outcome on every node, never panics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandError {
+    /// The precondition did not hold; `actual` is the current revision (0 = absent).
+    Conflict {
+        kind: String,
+        name: String,
+        expected: u64,
+        actual: u64,
+    },
+    /// Delete of a resource that does not exist.
+    NotFound { kind: String, name: String },
+    /// `value_json` is not valid JSON.
+    InvalidJson {
+        kind: String,
+        name: String,
+        error: String,
+    },
+    /// Kind or name is empty or contains '/' (the key separator).
+    InvalidKey { kind: String, name: String },
+}
+
+impl std::fmt::Display for CommandError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Conflict {
+                kind,
+                name,
+                expected,
+                actual,
+            } => {
+                write!(
+                    f,
+                    "{kind}/{name}: expected revision {expected}, current is {actual}"
+                )
+            }
+            Self::NotFound { kind, name } => write!(f, "{kind}/{name}: not found"),
+            Self::InvalidJson { kind, name, error } => {
+                write!(f, "{kind}/{name}: invalid JSON: {error}")
+            }
+            Self::InvalidKey { kind, name } => write!(f, "invalid key {kind:?}/{name:?}"),
+        }
+    }
+}
+
+impl std::error::Error for CommandError {}
+
+/// What applying one log entry produced: the new revision (= the entry's log index) or a refusal.
+/// Blank and membership entries yield `Ok(index)`.
+pub type CommandResult = Result<u64, CommandError>;
+
+/// A resource as stored: its JSON value and the revision (log index) that last wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resource {
+    pub kind: String,
+    pub name: String,
+    pub value_json: String,
+    pub revision: u64,
+}
+
+/// One point in a resource's history: `value_json` is `None` for a delete (tombstone).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    pub revision: u64,
+    pub value_json: Option<String>,
+}
