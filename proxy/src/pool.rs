@@ -62,13 +62,7 @@ impl Pool {
                         return Ok(Conn::H1 { sender, reused: true });
                     }
                 }
-                let stream = connect(addr, dial).await?;
-                let (sender, conn) = http1::Builder::new()
-                    .handshake(TokioIo::new(stream))
-                    .await
-                    .map_err(|e| handshake_failed(dial, e))?;
-                spawn_conn(conn, dial.open.clone());
-                Ok(Conn::H1 { sender, reused: false })
+                Ok(Conn::H1 { sender: dial_h1(addr, dial).await?, reused: false })
             }
             UpstreamProtocol::Http2 => {
                 let current = self.h2.lock().unwrap().clone();
@@ -101,6 +95,15 @@ impl Pool {
     pub fn idle_count(&self) -> usize {
         self.idle.lock().unwrap().len() + usize::from(self.h2.lock().unwrap().is_some())
     }
+}
+
+/// A fresh HTTP/1.1 connection, outside any pool (the caller checks it in when done).
+pub async fn dial_h1(addr: SocketAddr, dial: &Dial<'_>) -> Result<H1, ConnectError> {
+    let stream = connect(addr, dial).await?;
+    let (sender, conn) =
+        http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(|e| handshake_failed(dial, e))?;
+    spawn_conn(conn, dial.open.clone());
+    Ok(sender)
 }
 
 async fn connect(addr: SocketAddr, dial: &Dial<'_>) -> Result<TcpStream, ConnectError> {

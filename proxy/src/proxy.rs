@@ -504,14 +504,12 @@ async fn exchange(
                 let Some(req) = e.take_message().filter(|_| reused) else {
                     return Err(Attempt::Reset(e.into_error().to_string()));
                 };
-                let fresh = crate::pool::Pool::default();
-                match fresh.checkout(ep.addr, &dial).await {
-                    Ok(Conn::H1 { mut sender, .. }) => sender
+                match crate::pool::dial_h1(ep.addr, &dial).await {
+                    Ok(mut sender) => sender
                         .send_request(req)
                         .await
                         .map(|r| (r, Some(sender)))
                         .map_err(|e| Attempt::Reset(e.to_string())),
-                    Ok(Conn::H2(_)) => unreachable!("an HTTP/1 pool dials HTTP/1"),
                     Err(_) => Err(Attempt::Connect("reconnect after stale pooled connection failed".into())),
                 }
             }
