@@ -5,4 +5,6 @@
 //! - `store`: the Raft-replicated config store (openraft, log and state persisted in redb).
 
 pub mod fault;
+pub mod resources;
 pub mod store;
+pub mod transport;

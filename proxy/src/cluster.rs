@@ -98,9 +98,8 @@ impl Cluster {
             return Ok(p.clone());
         }
         let name: Arc<str> = Arc::from(cfg.name.as_str());
-        if cfg.endpoints.is_empty() {
-            return Err(format!("clusters.{}.endpoints: at least one endpoint is required", cfg.name));
-        }
+        // An empty cluster is valid (a model scaled to zero, or whose sidecars have not
+        // registered yet): its requests get a 503 naming it, as in Envoy.
         let mut endpoints = Vec::with_capacity(cfg.endpoints.len());
         for ep in &cfg.endpoints {
             let addr = resolve(ep).map_err(|e| format!("clusters.{}.endpoints: {e}", cfg.name))?;

@@ -384,9 +384,10 @@ async fn try_once(
     let probe = admit == Admit::Probe;
     let ep_i = cluster.pick(tried, now).ok_or_else(|| {
         TryError::Local(
-            Local::new(StatusCode::SERVICE_UNAVAILABLE, "no_healthy_endpoint", format!(
-                "cluster {:?} has no healthy endpoint (all {} ejected)", &*cluster.name, cluster.endpoints.len()
-            ))
+            Local::new(StatusCode::SERVICE_UNAVAILABLE, "no_healthy_endpoint", match cluster.endpoints.len() {
+                0 => format!("cluster {:?} has no endpoints", &*cluster.name),
+                n => format!("cluster {:?} has no healthy endpoint (all {n} ejected)", &*cluster.name),
+            })
             .with("cluster", cluster.name.to_string()),
         )
     })?;

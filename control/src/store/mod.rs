@@ -25,13 +25,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::{BasicNode, Config, StorageError};
+use openraft::network::RaftNetworkFactory;
+use openraft::{ChangeMembers, Config, StorageError};
 
 pub use log::LogStore;
 pub use network::NoNetwork;
 pub use state::{SnapshotState, StateMachineStore};
 pub use types::{
-    Command, CommandError, CommandResult, ConfigRaft, HistoryEntry, NodeId, Resource, TypeConfig,
+    Command, CommandError, CommandResult, ConfigRaft, HistoryEntry, Member, NodeId, Resource,
+    TypeConfig,
 };
 
 /// Everything that can go wrong using the store, as values a caller can match on.
@@ -41,8 +43,11 @@ pub enum StoreError {
     Open(redb::Error),
     /// Reading or writing the local state failed.
     Storage(StorageError<NodeId>),
-    /// This node is not the leader; `leader` is the one it knows of, if any.
-    NotLeader { leader: Option<NodeId> },
+    /// This node is not the leader; `leader` (at `member`) is the one it knows of, if any.
+    NotLeader {
+        leader: Option<NodeId>,
+        member: Option<Member>,
+    },
     /// The command was committed but the state machine refused it (e.g. revision conflict).
     Rejected(CommandError),
     /// Raft itself failed (fatal error, shutdown, quorum lost, timeout).
@@ -54,8 +59,10 @@ impl std::fmt::Display for StoreError {
         match self {
             Self::Open(e) => write!(f, "opening the store: {e}"),
             Self::Storage(e) => write!(f, "store IO: {e}"),
-            Self::NotLeader { leader: Some(l) } => write!(f, "not the leader; leader is node {l}"),
-            Self::NotLeader { leader: None } => write!(f, "not the leader; no leader known"),
+            Self::NotLeader {
+                leader: Some(l), ..
+            } => write!(f, "not the leader; leader is node {l}"),
+            Self::NotLeader { leader: None, .. } => write!(f, "not the leader; no leader known"),
             Self::Rejected(e) => write!(f, "rejected: {e}"),
             Self::Raft(e) => write!(f, "raft: {e}"),
         }
@@ -109,6 +116,24 @@ pub fn raft_config(snapshot_every: u64, keep_logs: u64) -> Result<Config, StoreE
     c.validate().map_err(|e| StoreError::Raft(e.to_string()))
 }
 
+/// Who is who in the cluster, as one node sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MembersView {
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    pub members: Vec<MemberView>,
+}
+
+/// One member of [`MembersView`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberView {
+    pub id: NodeId,
+    pub addr: String,
+    pub xds_addr: String,
+    /// False for a learner (receives the log, does not vote or count for quorum).
+    pub voter: bool,
+}
+
 /// A running control-plane member: the Raft handle plus a read view of its state machine.
 pub struct Node {
     id: NodeId,
@@ -119,45 +144,143 @@ pub struct Node {
     lease: std::sync::Weak<()>,
 }
 
+fn raft_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Raft(e.to_string())
+}
+
+/// Turns an openraft error into `NotLeader` when it is a forward-to-leader, else `Raft`.
+fn leader_or<E>(e: openraft::error::RaftError<NodeId, E>) -> StoreError
+where
+    E: std::error::Error + openraft::TryAsRef<openraft::error::ForwardToLeader<NodeId, Member>>,
+{
+    match e.forward_to_leader::<Member>() {
+        Some(f) => StoreError::NotLeader {
+            leader: f.leader_id,
+            member: f.leader_node.clone(),
+        },
+        None => StoreError::Raft(e.to_string()),
+    }
+}
+
 impl Node {
-    /// Starts a single-member cluster over `store`: initializes it on first start, and on a
-    /// restart recovers from the file (initialize is skipped because the log already holds the
-    /// membership). Returns once this node leads, i.e. can accept writes.
-    pub async fn start_single(
-        id: NodeId,
-        addr: &str,
-        store: &Store,
-        config: Config,
-    ) -> Result<Self, StoreError> {
+    /// Starts a member over `store`, talking to peers through `network`. A fresh store joins
+    /// no cluster until [`Node::initialize`] (a new cluster) or a leader adds it; a store that
+    /// already holds a log recovers its membership and state from the file.
+    pub async fn start<N>(id: NodeId, store: &Store, config: Config, network: N) -> Result<Self, StoreError>
+    where
+        N: RaftNetworkFactory<TypeConfig>,
+    {
         let lease = Arc::new(());
         let log = LogStore::new(store.db.clone(), Some(lease.clone()));
         let sm = StateMachineStore::new(store.db.clone(), Some(lease.clone()));
         let weak = Arc::downgrade(&lease);
         drop(lease);
-        let raft = ConfigRaft::new(id, Arc::new(config), NoNetwork, log, sm)
+        let raft = ConfigRaft::new(id, Arc::new(config), network, log, sm)
             .await
-            .map_err(|e| StoreError::Raft(e.to_string()))?;
-        if !raft
-            .is_initialized()
-            .await
-            .map_err(|e| StoreError::Raft(e.to_string()))?
-        {
-            let mut members = BTreeMap::new();
-            members.insert(id, BasicNode::new(addr));
-            raft.initialize(members)
-                .await
-                .map_err(|e| StoreError::Raft(e.to_string()))?;
-        }
-        raft.wait(Some(Duration::from_secs(10)))
-            .current_leader(id, "single node becomes leader")
-            .await
-            .map_err(|e| StoreError::Raft(e.to_string()))?;
+            .map_err(raft_err)?;
         Ok(Self {
             id,
             raft,
             state: store.state_machine(),
             lease: weak,
         })
+    }
+
+    /// Makes `members` a new cluster. Returns false (and changes nothing) when this node's
+    /// store already belongs to a cluster, so `--init` is safe to pass on every start.
+    pub async fn initialize(&self, members: BTreeMap<NodeId, Member>) -> Result<bool, StoreError> {
+        if self.raft.is_initialized().await.map_err(raft_err)? {
+            return Ok(false);
+        }
+        self.raft.initialize(members).await.map_err(raft_err)?;
+        Ok(true)
+    }
+
+    /// Starts a single-member cluster over `store` (initialized on first start, recovered on
+    /// a restart) and returns once this node leads, i.e. can accept writes.
+    pub async fn start_single(
+        id: NodeId,
+        member: Member,
+        store: &Store,
+        config: Config,
+    ) -> Result<Self, StoreError> {
+        let node = Self::start(id, store, config, NoNetwork).await?;
+        node.initialize(BTreeMap::from([(id, member)])).await?;
+        node.raft
+            .wait(Some(Duration::from_secs(10)))
+            .current_leader(id, "single node becomes leader")
+            .await
+            .map_err(raft_err)?;
+        Ok(node)
+    }
+
+    /// The leader this node currently knows of.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    /// Members, their addresses and roles, from this node's latest membership config.
+    pub fn members(&self) -> MembersView {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        let members = membership
+            .nodes()
+            .map(|(id, n)| MemberView {
+                id: *id,
+                addr: n.addr.clone(),
+                xds_addr: n.xds_addr.clone(),
+                voter: voters.contains(id),
+            })
+            .collect();
+        MembersView {
+            leader: m.current_leader,
+            term: m.current_term,
+            members,
+        }
+    }
+
+    /// The addresses of member `id`, if it is one.
+    pub fn member(&self, id: NodeId) -> Option<Member> {
+        let m = self.raft.metrics().borrow().clone();
+        m.membership_config.membership().get_node(&id).cloned()
+    }
+
+    /// Adds `id` as a learner, waits until it has caught up with the log, then (when `voter`)
+    /// promotes it to a voter. Must run on the leader (`NotLeader` otherwise).
+    pub async fn add_member(&self, id: NodeId, member: Member, voter: bool) -> Result<(), StoreError> {
+        self.raft
+            .add_learner(id, member, true)
+            .await
+            .map_err(leader_or)?;
+        if voter {
+            self.raft
+                .change_membership(ChangeMembers::AddVoterIds([id].into()), false)
+                .await
+                .map_err(leader_or)?;
+        }
+        Ok(())
+    }
+
+    /// Removes member `id` (voter or learner) from the cluster. Must run on the leader.
+    pub async fn remove_member(&self, id: NodeId) -> Result<(), StoreError> {
+        let view = self.members();
+        let Some(m) = view.members.iter().find(|m| m.id == id) else {
+            return Err(StoreError::Rejected(CommandError::NotFound {
+                kind: "members".into(),
+                name: id.to_string(),
+            }));
+        };
+        let change = if m.voter {
+            ChangeMembers::RemoveVoters([id].into())
+        } else {
+            ChangeMembers::RemoveNodes([id].into())
+        };
+        self.raft
+            .change_membership(change, false)
+            .await
+            .map_err(leader_or)?;
+        Ok(())
     }
 
     /// This node's id.
@@ -175,27 +298,15 @@ impl Node {
     pub async fn write(&self, cmd: Command) -> Result<u64, StoreError> {
         match self.raft.client_write(cmd).await {
             Ok(resp) => resp.data.map_err(StoreError::Rejected),
-            Err(e) => match e.forward_to_leader::<BasicNode>() {
-                Some(f) => Err(StoreError::NotLeader {
-                    leader: f.leader_id,
-                }),
-                None => Err(StoreError::Raft(e.to_string())),
-            },
+            Err(e) => Err(leader_or(e)),
         }
     }
 
     /// Waits until this node can serve a linearizable read (it is leader, confirmed by a
     /// quorum, and has applied everything committed before the call).
-    async fn linearize(&self) -> Result<(), StoreError> {
-        match self.raft.ensure_linearizable().await {
-            Ok(_) => Ok(()),
-            Err(e) => match e.forward_to_leader::<BasicNode>() {
-                Some(f) => Err(StoreError::NotLeader {
-                    leader: f.leader_id,
-                }),
-                None => Err(StoreError::Raft(e.to_string())),
-            },
-        }
+    pub async fn linearize(&self) -> Result<(), StoreError> {
+        self.raft.ensure_linearizable().await.map_err(leader_or)?;
+        Ok(())
     }
 
     /// Linearizable read of one resource.

@@ -1,7 +1,6 @@
 //! A network that reaches nobody. A single-node cluster never sends an RPC, but `Raft::new`
 //! needs a factory; the multi-node transport replaces this in a later change.
 
-use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -9,7 +8,7 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 
-use super::types::{NodeId, TypeConfig};
+use super::types::{Member, NodeId, TypeConfig};
 
 /// Factory whose clients fail every call with `Unreachable`.
 #[derive(Debug, Clone, Default)]
@@ -37,7 +36,7 @@ impl std::fmt::Display for NoTransport {
 impl std::error::Error for NoTransport {}
 
 impl NoConnection {
-    fn unreachable<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
+    fn unreachable<E: std::error::Error>(&self) -> RPCError<NodeId, Member, E> {
         RPCError::Unreachable(Unreachable::new(&NoTransport(self.target)))
     }
 }
@@ -45,7 +44,7 @@ impl NoConnection {
 impl RaftNetworkFactory<TypeConfig> for NoNetwork {
     type Network = NoConnection;
 
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> Self::Network {
+    async fn new_client(&mut self, target: NodeId, _node: &Member) -> Self::Network {
         NoConnection { target }
     }
 }
@@ -55,7 +54,7 @@ impl RaftNetwork<TypeConfig> for NoConnection {
         &mut self,
         _rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
         Err(self.unreachable())
     }
 
@@ -65,7 +64,7 @@ impl RaftNetwork<TypeConfig> for NoConnection {
         _option: RPCOption,
     ) -> Result<
         InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+        RPCError<NodeId, Member, RaftError<NodeId, InstallSnapshotError>>,
     > {
         Err(self.unreachable())
     }
@@ -74,7 +73,7 @@ impl RaftNetwork<TypeConfig> for NoConnection {
         &mut self,
         _rpc: VoteRequest<NodeId>,
         _option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
         Err(self.unreachable())
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{
-    BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, StorageError,
+    Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, StorageError,
     StorageIOError, StoredMembership,
 };
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
@@ -20,11 +20,11 @@ use super::db::{
     RESOURCES, SM_META,
 };
 use super::types::{
-    Command, CommandError, CommandResult, HistoryEntry, NodeId, Resource, TypeConfig,
+    Command, CommandError, CommandResult, HistoryEntry, Member, NodeId, Resource, TypeConfig,
 };
 
-type Membership = StoredMembership<NodeId, BasicNode>;
-type Meta = SnapshotMeta<NodeId, BasicNode>;
+type Membership = StoredMembership<NodeId, Member>;
+type Meta = SnapshotMeta<NodeId, Member>;
 /// Last applied id, membership and data: everything a snapshot captures.
 type FullState = (Option<LogId<NodeId>>, Membership, SnapshotState);
 

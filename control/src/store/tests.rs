@@ -26,7 +26,7 @@ fn del(kind: &str, name: &str, expect: Option<u64>) -> Command {
 async fn start(path: &std::path::Path, snapshot_every: u64) -> Node {
     let store = Store::open(path).expect("open store");
     let cfg = raft_config(snapshot_every, 0).expect("config");
-    Node::start_single(1, "127.0.0.1:0", &store, cfg)
+    Node::start_single(1, Member::default(), &store, cfg)
         .await
         .expect("start")
 }
@@ -147,7 +147,7 @@ async fn snapshot_build_and_install_round_trip() {
     let dir = tempfile::tempdir().unwrap();
     let src = Store::open(dir.path().join("a.redb")).unwrap();
     {
-        let node = Node::start_single(1, "127.0.0.1:0", &src, raft_config(1000, 0).unwrap())
+        let node = Node::start_single(1, Member::default(), &src, raft_config(1000, 0).unwrap())
             .await
             .unwrap();
         node.write(put("service", "chat", r#"{"v":1}"#, None))

@@ -14,7 +14,7 @@ openraft::declare_raft_types!(
         D            = Command,
         R            = CommandResult,
         NodeId       = u64,
-        Node         = openraft::BasicNode,
+        Node         = Member,
         Entry        = openraft::Entry<TypeConfig>,
         SnapshotData = Cursor<Vec<u8>>,
         AsyncRuntime = openraft::TokioRuntime,
@@ -22,6 +22,23 @@ openraft::declare_raft_types!(
 
 /// Node id of a control-plane member.
 pub type NodeId = u64;
+
+/// How to reach a control-plane member, stored in the Raft membership so every node knows
+/// every peer's addresses (to forward API calls and to tell sidecars where to fail over).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// `host:port` of the REST API, which also carries the Raft RPCs.
+    pub addr: String,
+    /// `host:port` of the xDS (gRPC) listener.
+    #[serde(default)]
+    pub xds_addr: String,
+}
+
+impl std::fmt::Display for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "api={} xds={}", self.addr, self.xds_addr)
+    }
+}
 
 /// The `Raft` handle specialised for the config store.
 pub type ConfigRaft = openraft::Raft<TypeConfig>;

@@ -2,6 +2,7 @@
 //! clusters and endpoints; the bootstrap file keeps node identity, admin and listeners.
 //!
 //! - [`convert`]: weft.v1 resources → config types, and how they overlay the bootstrap (pure);
+//! - [`encode`]: config types → weft.v1 resources, for the control plane (pure);
 //! - [`state`]: which pushes to apply together, ACK or NACK (pure, validator passed in);
 //! - [`disk`]: the last good pushed config on disk, served after a restart;
 //! - [`client`]: the ADS stream IO loop: failover between control nodes, backoff.
@@ -12,6 +13,7 @@
 pub mod client;
 pub mod convert;
 pub mod disk;
+pub mod encode;
 pub mod state;
 
 use std::path::PathBuf;

@@ -1,0 +1,429 @@
+//! The kinds of config resource the control plane stores, how a spec is validated, and how
+//! the stored state becomes the xDS resources pushed to sidecars. Pure: no IO.
+//!
+//! A spec is written in weft-proxy's own YAML vocabulary (a `services[]`, `experiments[]` or
+//! `clusters[]` item), so a section of a proxy file can be applied as is, and it is checked by
+//! the proxy's own compiler (`Snapshot::compile`): what the control plane accepts, a sidecar
+//! accepts — except references to resources that do not exist yet, which are warnings here
+//! (apply order is free) and NACKs at a sidecar (which keeps its last good config).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use weft_proxy::config::{self, Config};
+use weft_proxy::xds::encode;
+use weft_xds::resources::{to_any, v1};
+use weft_xds::{Resources, typeurl};
+
+use crate::store::Resource;
+
+/// A resource kind, named as in the URL (`/v1/services`) and in YAML (`kind: Service`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Clusters,
+    Endpoints,
+    Experiments,
+    Services,
+}
+
+impl Kind {
+    /// In apply order: what others refer to comes first.
+    pub const ALL: [Kind; 4] = [Kind::Clusters, Kind::Endpoints, Kind::Experiments, Kind::Services];
+
+    /// The URL segment and store key prefix.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Clusters => "clusters",
+            Kind::Endpoints => "endpoints",
+            Kind::Experiments => "experiments",
+            Kind::Services => "services",
+        }
+    }
+
+    /// The `kind:` of a YAML document.
+    pub fn yaml_kind(self) -> &'static str {
+        match self {
+            Kind::Clusters => "Cluster",
+            Kind::Endpoints => "Endpoints",
+            Kind::Experiments => "Experiment",
+            Kind::Services => "Service",
+        }
+    }
+
+    /// Accepts the URL segment, the YAML kind, or the singular (`service`), any case.
+    pub fn parse(s: &str) -> Option<Kind> {
+        let l = s.to_ascii_lowercase();
+        Kind::ALL.into_iter().find(|k| {
+            let seg = k.as_str();
+            l == seg || l == k.yaml_kind().to_ascii_lowercase() || Some(l.as_str()) == seg.strip_suffix('s')
+        })
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Extra endpoints of the cluster of the same name, beyond those in the cluster spec and those
+/// sidecars register.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EndpointsSpec {
+    pub name: String,
+    pub endpoints: Vec<EndpointSpec>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EndpointSpec {
+    /// `host:port`.
+    pub address: String,
+    /// The experiment variant served there (labels telemetry; empty = none).
+    pub variant: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A spec the control plane refused, naming the field (a path relative to the spec).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() { f.write_str(&self.message) } else { write!(f, "{}: {}", self.field, self.message) }
+    }
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
+    FieldError { field: field.into(), message: message.into() }
+}
+
+/// A spec that passed validation: its normalized JSON (every default filled in, the name set)
+/// and the resources it refers to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Valid {
+    pub json: String,
+    /// (kind, name, field that refers to it).
+    pub refs: Vec<(Kind, String, String)>,
+}
+
+/// Names must be usable as URL segments, store keys and label values.
+pub fn check_name(name: &str) -> Result<(), FieldError> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(err(
+            "name",
+            format!("{name:?} is not a valid name (1-253 characters of a-z, A-Z, 0-9, '-', '_', '.')"),
+        ))
+    }
+}
+
+/// Deserializes with the failing field's path in the error.
+fn parse<T: serde::de::DeserializeOwned>(spec: &Value) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(spec).map_err(|e| {
+        let path = e.path().to_string();
+        err(if path == "." { String::new() } else { path }, e.inner().to_string())
+    })
+}
+
+/// The proxy's compiler run on `cfg`; its errors (`services.NAME.routes.r.cluster: ...`) are
+/// made relative to the spec being validated (`routes.r.cluster`).
+fn compile(cfg: Config, prefix: &str) -> Result<(), FieldError> {
+    let tel = weft_proxy::telemetry::Telemetry::new(&cfg.node);
+    weft_proxy::Snapshot::compile(cfg, None, 1, &tel).map(|_| ()).map_err(|e| {
+        let (field, message) = e.split_once(": ").unwrap_or(("", e.as_str()));
+        let field = field.strip_prefix(prefix).map(|f| f.trim_start_matches('.')).unwrap_or(field);
+        err(field, message)
+    })
+}
+
+/// A config holding just enough around the resource under test: one listener, plus stand-ins
+/// for every cluster and experiment it refers to (whether they exist is checked separately).
+fn harness(refs: &[(Kind, String, String)]) -> Config {
+    let mut cfg = Config::default();
+    cfg.listeners.push(config::Listener { name: "validate".into(), address: "127.0.0.1:0".into(), ..Default::default() });
+    let stub_cluster = |name: &str| config::Cluster { name: name.into(), ..Default::default() };
+    cfg.clusters.push(stub_cluster("weft-validate-stub"));
+    for (kind, name, _) in refs {
+        match kind {
+            Kind::Clusters if !cfg.clusters.iter().any(|c| &c.name == name) => cfg.clusters.push(stub_cluster(name)),
+            Kind::Experiments if !cfg.experiments.iter().any(|e| &e.name == name) => {
+                cfg.experiments.push(config::Experiment {
+                    name: name.clone(),
+                    variants: vec![config::Variant {
+                        name: "stub".into(),
+                        cluster: "weft-validate-stub".into(),
+                        weight: 1,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+            }
+            _ => {}
+        }
+    }
+    cfg
+}
+
+/// `host:port` with a numeric port; the host is resolved by each sidecar, not here.
+fn check_address(field: &str, addr: &str) -> Result<(), FieldError> {
+    let ok = addr.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if ok { Ok(()) } else { Err(err(field, format!("{addr:?} is not a host:port address"))) }
+}
+
+/// Fills in or checks the spec's `name` against the name in the path.
+fn named(spec: &Value, name: &str) -> Result<Value, FieldError> {
+    let mut spec = spec.clone();
+    let Some(obj) = spec.as_object_mut() else {
+        return Err(err("", "the spec must be a JSON object"));
+    };
+    match obj.get("name") {
+        None | Some(Value::Null) => {
+            obj.insert("name".into(), Value::String(name.into()));
+        }
+        Some(Value::String(n)) if n == name || n.is_empty() => {
+            obj.insert("name".into(), Value::String(name.into()));
+        }
+        Some(other) => return Err(err("name", format!("{other} does not match the name in the path ({name:?})"))),
+    }
+    Ok(spec)
+}
+
+fn to_json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("config types serialize")
+}
+
+/// Validates `spec` as a `kind` named `name`.
+pub fn validate(kind: Kind, name: &str, spec: &Value) -> Result<Valid, FieldError> {
+    check_name(name)?;
+    let spec = named(spec, name)?;
+    match kind {
+        Kind::Clusters => {
+            let c: config::Cluster = parse(&spec)?;
+            for (i, ep) in c.endpoints.iter().enumerate() {
+                check_address(&format!("endpoints[{i}]"), ep)?;
+            }
+            let mut cfg = harness(&[]);
+            cfg.clusters.push(config::Cluster { endpoints: vec![], ..c.clone() });
+            compile(cfg, &format!("clusters.{name}"))?;
+            Ok(Valid { json: to_json(&c), refs: vec![] })
+        }
+        Kind::Endpoints => {
+            let e: EndpointsSpec = parse(&spec)?;
+            for (i, ep) in e.endpoints.iter().enumerate() {
+                check_address(&format!("endpoints[{i}].address"), &ep.address)?;
+            }
+            Ok(Valid { json: to_json(&e), refs: vec![(Kind::Clusters, name.into(), "name".into())] })
+        }
+        Kind::Experiments => {
+            let e: config::Experiment = parse(&spec)?;
+            let mut refs: Vec<_> = e
+                .variants
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (Kind::Clusters, v.cluster.clone(), format!("variants[{i}].cluster")))
+                .collect();
+            if let Some(s) = &e.shadow {
+                refs.push((Kind::Clusters, s.cluster.clone(), "shadow.cluster".into()));
+            }
+            refs.retain(|(_, n, _)| !n.is_empty());
+            let mut cfg = harness(&refs);
+            cfg.experiments.push(e.clone());
+            compile(cfg, &format!("experiments.{name}"))?;
+            Ok(Valid { json: to_json(&e), refs })
+        }
+        Kind::Services => {
+            let s: config::Service = parse(&spec)?;
+            if !s.listeners.is_empty() {
+                // Listener names are per sidecar (bootstrap); they cannot be checked here.
+            }
+            let mut refs = Vec::new();
+            for r in &s.routes {
+                if let Some(c) = &r.cluster {
+                    refs.push((Kind::Clusters, c.clone(), format!("routes.{}.cluster", r.name)));
+                }
+                if let Some(e) = &r.experiment {
+                    refs.push((Kind::Experiments, e.clone(), format!("routes.{}.experiment", r.name)));
+                }
+            }
+            let mut cfg = harness(&refs);
+            cfg.services.push(config::Service { listeners: vec![], ..s.clone() });
+            compile(cfg, &format!("services.{name}"))?;
+            Ok(Valid { json: to_json(&s), refs })
+        }
+    }
+}
+
+/// Human-readable warnings for references to resources `exists` does not know.
+pub fn dangling(refs: &[(Kind, String, String)], exists: impl Fn(Kind, &str) -> bool) -> Vec<String> {
+    refs.iter()
+        .filter(|(k, n, _)| !exists(*k, n))
+        .map(|(k, n, field)| {
+            format!("{field}: {} {n:?} does not exist (yet); sidecars will reject this until it does", k.yaml_kind())
+        })
+        .collect()
+}
+
+/// An endpoint a sidecar registered for the model server it fronts, with the fault
+/// detector's verdict. Stored under kind `registrations`, keyed by the sidecar's node id.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Registration {
+    pub cluster: String,
+    pub address: String,
+    pub variant: String,
+    pub labels: BTreeMap<String, String>,
+    pub healthy: bool,
+}
+
+/// Store key prefix of sidecar registrations (not a user-writable kind).
+pub const REGISTRATIONS: &str = "registrations";
+
+/// Everything the xDS server pushes, built from the stored state. Each resource is versioned
+/// by the revision that last wrote it; a cluster's `Endpoints` by the newest of its sources,
+/// so every control node labels the same state the same way.
+pub fn xds_resources(state: &BTreeMap<String, Vec<Resource>>) -> Resources {
+    let mut out = Resources::new();
+    let of = |kind: &str| state.get(kind).map(Vec::as_slice).unwrap_or(&[]);
+    // Cluster name → (newest revision, endpoints), merged from three sources.
+    let mut endpoints: BTreeMap<String, (u64, Vec<v1::Endpoint>)> = BTreeMap::new();
+    let healthy = |address: &str, variant: &str, labels: &BTreeMap<String, String>| v1::Endpoint {
+        address: address.into(),
+        variant: variant.into(),
+        node_id: String::new(),
+        healthy: true,
+        labels: labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+    };
+    for r in of(Kind::Clusters.as_str()) {
+        let Ok(c) = serde_json::from_str::<config::Cluster>(&r.value_json) else { continue };
+        let slot = endpoints.entry(c.name.clone()).or_default();
+        slot.0 = slot.0.max(r.revision);
+        slot.1.extend(c.endpoints.iter().map(|a| healthy(a, "", &BTreeMap::new())));
+        out.insert_versioned(typeurl::CLUSTER, &c.name, r.revision, to_any(&encode::cluster(&c)));
+    }
+    for r in of(Kind::Endpoints.as_str()) {
+        let Ok(e) = serde_json::from_str::<EndpointsSpec>(&r.value_json) else { continue };
+        let slot = endpoints.entry(r.name.clone()).or_default();
+        slot.0 = slot.0.max(r.revision);
+        slot.1.extend(e.endpoints.iter().map(|ep| healthy(&ep.address, &ep.variant, &ep.labels)));
+    }
+    for r in of(REGISTRATIONS) {
+        let Ok(reg) = serde_json::from_str::<Registration>(&r.value_json) else { continue };
+        let slot = endpoints.entry(reg.cluster.clone()).or_default();
+        slot.0 = slot.0.max(r.revision);
+        slot.1.push(v1::Endpoint { node_id: r.name.clone(), healthy: reg.healthy, ..healthy(&reg.address, &reg.variant, &reg.labels) });
+    }
+    for (cluster, (revision, eps)) in endpoints {
+        let mut seen = BTreeSet::new();
+        let eps: Vec<_> = eps.into_iter().filter(|e| seen.insert(e.address.clone())).collect();
+        let res = v1::Endpoints { cluster_name: cluster.clone(), endpoints: eps };
+        out.insert_versioned(typeurl::ENDPOINTS, &cluster, revision, to_any(&res));
+    }
+    for r in of(Kind::Experiments.as_str()) {
+        let Ok(e) = serde_json::from_str::<config::Experiment>(&r.value_json) else { continue };
+        out.insert_versioned(typeurl::EXPERIMENT, &e.name, r.revision, to_any(&encode::experiment(&e)));
+    }
+    for r in of(Kind::Services.as_str()) {
+        let Ok(s) = serde_json::from_str::<config::Service>(&r.value_json) else { continue };
+        out.insert_versioned(typeurl::SERVICE, &s.name, r.revision, to_any(&encode::service(&s)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn kinds_parse_in_every_spelling() {
+        for s in ["services", "Service", "service", "SERVICES"] {
+            assert_eq!(Kind::parse(s), Some(Kind::Services), "{s}");
+        }
+        assert_eq!(Kind::parse("Endpoints"), Some(Kind::Endpoints));
+        assert_eq!(Kind::parse("endpoint"), Some(Kind::Endpoints));
+        assert_eq!(Kind::parse("pods"), None);
+    }
+
+    #[test]
+    fn a_valid_service_is_normalized_and_its_references_listed() {
+        let v = validate(
+            Kind::Services,
+            "chat",
+            &json!({"hosts": ["chat"], "routes": [{"name": "r", "experiment": "ab"}, {"name": "s", "cluster": "c"}]}),
+        )
+        .unwrap();
+        let back: config::Service = serde_json::from_str(&v.json).unwrap();
+        assert_eq!(back.name, "chat", "name filled in from the path");
+        assert_eq!(
+            v.refs,
+            vec![
+                (Kind::Experiments, "ab".into(), "routes.r.experiment".into()),
+                (Kind::Clusters, "c".into(), "routes.s.cluster".into())
+            ]
+        );
+        let warn = dangling(&v.refs, |k, n| k == Kind::Clusters && n == "c");
+        assert_eq!(warn.len(), 1);
+        assert!(warn[0].starts_with("routes.r.experiment: Experiment \"ab\" does not exist"), "{warn:?}");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (Kind::Services, json!({"hosts": ["a"], "routes": [{"name": "r", "cluster": "c", "match": {"path_prefix": 5}}]}), "routes[0].match.path_prefix"),
+            (Kind::Services, json!({"hosts": ["a"], "routes": [{"name": "r", "cluster": "c", "bogus": 1}]}), "routes[0].bogus"),
+            (Kind::Services, json!({"hosts": [], "routes": [{"name": "r", "cluster": "c"}]}), "hosts"),
+            (Kind::Services, json!({"hosts": ["a"], "routes": [{"name": "r"}]}), "routes.r"),
+            (Kind::Clusters, json!({"connect_timeout": "soon"}), "connect_timeout"),
+            (Kind::Clusters, json!({"endpoints": ["nowhere"]}), "endpoints[0]"),
+            (Kind::Experiments, json!({"variants": []}), "variants"),
+            (Kind::Endpoints, json!({"endpoints": [{"address": "h:0"}]}), "endpoints[0].address"),
+            (Kind::Services, json!({"name": "other"}), "name"),
+            (Kind::Services, json!([1, 2]), ""),
+        ];
+        for (kind, spec, field) in cases {
+            let e = validate(kind, "x", &spec).expect_err(&spec.to_string());
+            assert_eq!(e.field, field, "{spec}: {e}");
+            assert!(!e.message.is_empty());
+        }
+        assert_eq!(validate(Kind::Clusters, "a/b", &json!({})).unwrap_err().field, "name");
+    }
+
+    #[test]
+    fn stored_state_becomes_versioned_xds_resources() {
+        let res = |kind: &str, name: &str, rev: u64, v: Value| Resource {
+            kind: kind.into(),
+            name: name.into(),
+            value_json: v.to_string(),
+            revision: rev,
+        };
+        let mut state = BTreeMap::new();
+        state.insert("clusters".into(), vec![res("clusters", "c", 3, json!({"name": "c", "endpoints": ["10.0.0.1:80"]}))]);
+        state.insert(
+            "endpoints".into(),
+            vec![res("endpoints", "c", 5, json!({"name": "c", "endpoints": [{"address": "10.0.0.2:80", "variant": "b"}]}))],
+        );
+        state.insert(
+            REGISTRATIONS.into(),
+            vec![res(REGISTRATIONS, "side-1", 9, json!({"cluster": "c", "address": "10.0.0.3:80", "healthy": false}))],
+        );
+        let snap = weft_xds::Snapshot::default().next(10, xds_resources(&state)).unwrap();
+        assert_eq!(snap.entries(typeurl::CLUSTER).unwrap()["c"].version, 3);
+        let e = &snap.entries(typeurl::ENDPOINTS).unwrap()["c"];
+        assert_eq!(e.version, 9, "endpoints take the newest of their sources");
+        let eps: v1::Endpoints = weft_xds::resources::from_any(&e.body).unwrap();
+        let summary: Vec<_> = eps.endpoints.iter().map(|e| (e.address.as_str(), e.healthy, e.node_id.as_str())).collect();
+        assert_eq!(summary, vec![("10.0.0.1:80", true, ""), ("10.0.0.2:80", true, ""), ("10.0.0.3:80", false, "side-1")]);
+    }
+}
