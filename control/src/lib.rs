@@ -1,10 +1,17 @@
-//! weft-control: the control plane. This crate grows with issue 3 (Raft store, REST API, xDS
-//! server glue, weftctl); today it holds the pure decision logic that needs no IO yet.
+//! weft-control: the control plane.
 //!
-//! - `fault`: phi-accrual failure detection over sidecar heartbeats.
 //! - `store`: the Raft-replicated config store (openraft, log and state persisted in redb).
+//! - `transport`: Raft RPCs between nodes (HTTP + JSON on the API listener).
+//! - `resources`: resource kinds, spec validation (the proxy's own rules), state → xDS (pure).
+//! - `api`: the REST API (auth, leader forwarding, CRUD, members, proxy status, OpenAPI).
+//! - `publish`: committed state → the xDS cache, on every apply.
+//! - `server`: a running node (listeners, Raft, publisher, join); the binary wraps it.
+//! - `fault`: phi-accrual failure detection over sidecar heartbeats.
 
+pub mod api;
 pub mod fault;
+pub mod publish;
 pub mod resources;
+pub mod server;
 pub mod store;
 pub mod transport;

@@ -296,8 +296,17 @@ impl Node {
     /// Replicates `cmd` and returns the new revision (its log index) once it is committed and
     /// applied; a refused command (conflict, not found, bad JSON) is `StoreError::Rejected`.
     pub async fn write(&self, cmd: Command) -> Result<u64, StoreError> {
+        self.write_changed(cmd).await.map(|(revision, _)| revision)
+    }
+
+    /// Like [`Node::write`], also telling whether the write changed anything: a `Put` of the
+    /// value already stored keeps the old revision (see the state machine).
+    pub async fn write_changed(&self, cmd: Command) -> Result<(u64, bool), StoreError> {
         match self.raft.client_write(cmd).await {
-            Ok(resp) => resp.data.map_err(StoreError::Rejected),
+            Ok(resp) => {
+                let revision = resp.data.map_err(StoreError::Rejected)?;
+                Ok((revision, revision == resp.log_id.index))
+            }
             Err(e) => Err(leader_or(e)),
         }
     }

@@ -205,6 +205,11 @@ fn apply_command(
                     error: e.to_string(),
                 }));
             }
+            if current.as_ref().is_some_and(|c| &c.value_json == value_json) {
+                // Idempotent: the same value again is no change (no new revision, no
+                // history entry), so re-applying a config file is free and quiet.
+                return Ok(Ok(actual));
+            }
             let r = Resource {
                 kind: kind.clone(),
                 name: name.clone(),

@@ -1,0 +1,183 @@
+//! Cluster endpoints: members (list, add, remove), this node's status, the connected
+//! sidecars' xDS status across all nodes, and the Raft RPCs peers send each other.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, ApiResult, AppState};
+use crate::store::{Member, NodeId, TypeConfig};
+
+pub async fn raft_append(
+    State(st): State<Arc<AppState>>,
+    Json(req): Json<AppendEntriesRequest<TypeConfig>>,
+) -> Json<Value> {
+    Json(json!(st.node.raft().append_entries(req).await))
+}
+
+pub async fn raft_vote(State(st): State<Arc<AppState>>, Json(req): Json<VoteRequest<NodeId>>) -> Json<Value> {
+    Json(json!(st.node.raft().vote(req).await))
+}
+
+pub async fn raft_snapshot(
+    State(st): State<Arc<AppState>>,
+    Json(req): Json<InstallSnapshotRequest<TypeConfig>>,
+) -> Json<Value> {
+    Json(json!(st.node.raft().install_snapshot(req).await))
+}
+
+pub async fn status(State(st): State<Arc<AppState>>) -> Json<Value> {
+    let m = st.node.raft().metrics().borrow().clone();
+    Json(json!({
+        "id": st.node.id(),
+        "role": format!("{:?}", m.state).to_lowercase(),
+        "leader": m.current_leader,
+        "term": m.current_term,
+        "last_log_index": m.last_log_index,
+        "last_applied": m.last_applied.map(|l| l.index),
+        "snapshot": m.snapshot.map(|l| l.index),
+        "xds_revision": st.cache.snapshot().revision(),
+    }))
+}
+
+pub async fn members(State(st): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!(st.node.members()))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddMember {
+    id: NodeId,
+    addr: String,
+    #[serde(default)]
+    xds_addr: String,
+    #[serde(default = "yes")]
+    voter: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+pub async fn add_member(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
+    let b: AddMember = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, format!("member: {e}")))?;
+    if b.id == 0 {
+        return Err(ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, "id", "node ids start at 1"));
+    }
+    if b.addr.parse::<std::net::SocketAddr>().is_err() && !b.addr.contains(':') {
+        return Err(ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, "addr", format!("{:?} is not host:port", b.addr)));
+    }
+    let view = st.node.members();
+    if let Some(m) = view.members.iter().find(|m| m.id == b.id) {
+        if m.addr == b.addr && m.voter == b.voter {
+            return Ok(Json(json!(view)));
+        }
+        if m.addr != b.addr {
+            return Err(ApiError::field(
+                StatusCode::CONFLICT,
+                "id",
+                format!("node {} is already a member at {}; remove it first", b.id, m.addr),
+            ));
+        }
+    }
+    st.node.add_member(b.id, Member { addr: b.addr, xds_addr: b.xds_addr }, b.voter).await?;
+    Ok(Json(json!(st.node.members())))
+}
+
+pub async fn remove_member(State(st): State<Arc<AppState>>, Path(id): Path<NodeId>) -> ApiResult<Json<Value>> {
+    let view = st.node.members();
+    let voters = view.members.iter().filter(|m| m.voter).count();
+    if view.members.iter().any(|m| m.id == id && m.voter) && voters == 1 {
+        return Err(ApiError::field(StatusCode::CONFLICT, "id", "cannot remove the last voter"));
+    }
+    st.node.remove_member(id).await?;
+    Ok(Json(json!(st.node.members())))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ProxiesQuery {
+    /// `local`: only sidecars connected to this node (what peers ask each other).
+    scope: Option<String>,
+}
+
+/// Sidecars connected to this node, as JSON items.
+fn local_proxies(st: &AppState) -> Vec<Value> {
+    st.cache
+        .node_statuses()
+        .into_iter()
+        .map(|(node_id, s)| {
+            let nack = s.nacked.iter().next_back().map(|(t, n)| json!({"type_url": t, "version": n.version, "error": n.error}));
+            json!({
+                "node_id": node_id,
+                "control_node": st.node.id(),
+                "connected": s.streams > 0,
+                "acked": s.acked,
+                "nacks": s.nacked.iter().map(|(t, n)| (t.clone(), json!({"version": n.version, "error": n.error}))).collect::<serde_json::Map<_, _>>(),
+                "nack": nack,
+            })
+        })
+        .collect()
+}
+
+/// GET `/v1/proxies?scope=local` from a peer.
+async fn peer_proxies(st: &AppState, addr: &str, auth: Option<&http::HeaderValue>) -> Result<Vec<Value>, String> {
+    let mut b = http::Request::get("/v1/proxies?scope=local");
+    if let Some(a) = auth {
+        b = b.header(http::header::AUTHORIZATION, a.clone());
+    }
+    let (parts, _) = b.body(()).map_err(|e| e.to_string())?.into_parts();
+    let resp = st.peers.forward(addr, None, &parts, Bytes::new()).await?;
+    if !resp.status().is_success() {
+        return Err(format!("HTTP {}", resp.status()));
+    }
+    let bytes = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    Ok(v["items"].as_array().cloned().unwrap_or_default())
+}
+
+/// Every sidecar connected to any node. A sidecar seen by several nodes (it failed over) is
+/// listed once, preferring the node it is connected to now.
+pub async fn proxies(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<ProxiesQuery>,
+    headers: http::HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let mut items = local_proxies(&st);
+    let mut unreachable = Vec::new();
+    match q.scope.as_deref() {
+        Some("local") => {}
+        None | Some("cluster") => {
+            let auth = headers.get(http::header::AUTHORIZATION);
+            for m in st.node.members().members.into_iter().filter(|m| m.id != st.node.id()) {
+                match peer_proxies(&st, &m.addr, auth).await {
+                    Ok(more) => items.extend(more),
+                    Err(e) => unreachable.push(json!({"id": m.id, "addr": m.addr, "error": e})),
+                }
+            }
+        }
+        Some(other) => {
+            return Err(ApiError::field(StatusCode::BAD_REQUEST, "scope", format!("{other:?} is not local or cluster")));
+        }
+    }
+    let mut by_node: std::collections::BTreeMap<String, Value> = std::collections::BTreeMap::new();
+    for it in items {
+        let id = it["node_id"].as_str().unwrap_or_default().to_owned();
+        let keep = match by_node.get(&id) {
+            None => true,
+            Some(old) => it["connected"] == json!(true) && old["connected"] != json!(true),
+        };
+        if keep {
+            by_node.insert(id, it);
+        }
+    }
+    Ok(Json(json!({ "items": by_node.into_values().collect::<Vec<_>>(), "unreachable": unreachable })))
+}

@@ -1,0 +1,289 @@
+//! Resource endpoints: list, get, put (create or replace), delete, history, rollback, and the
+//! experiment weights shortcut. Specs are validated by `crate::resources` before they reach
+//! Raft, so an invalid spec never becomes a log entry.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, ApiResult, AppState};
+use crate::resources::{self, Kind};
+use crate::store::{Command, Resource};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ReadQuery {
+    /// `local` answers from this node's state without a quorum round (may be stale).
+    consistency: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct WriteQuery {
+    /// Precondition: the current revision (0 = must not exist). `If-Match` works too.
+    revision: Option<u64>,
+    /// Validate and show what would change, write nothing.
+    dry_run: bool,
+}
+
+fn kind(segment: &str) -> ApiResult<Kind> {
+    Kind::parse(segment).ok_or_else(|| {
+        let known: Vec<_> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+        ApiError::field(StatusCode::NOT_FOUND, "kind", format!("unknown kind {segment:?}; known: {}", known.join(", ")))
+    })
+}
+
+fn local(q: &ReadQuery) -> ApiResult<bool> {
+    match q.consistency.as_deref() {
+        None | Some("linearizable") => Ok(false),
+        Some("local") => Ok(true),
+        Some(other) => Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            "consistency",
+            format!("{other:?} is not one of linearizable, local"),
+        )),
+    }
+}
+
+/// The revision precondition from `?revision=` or `If-Match` (quotes allowed).
+fn precondition(q: &WriteQuery, headers: &HeaderMap) -> ApiResult<Option<u64>> {
+    let header = match headers.get(http::header::IF_MATCH) {
+        None => None,
+        Some(v) => {
+            let s = v.to_str().unwrap_or("").trim().trim_matches('"');
+            Some(s.parse::<u64>().map_err(|_| {
+                ApiError::field(StatusCode::BAD_REQUEST, "If-Match", format!("{s:?} is not a revision number"))
+            })?)
+        }
+    };
+    match (q.revision, header) {
+        (Some(a), Some(b)) if a != b => Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            "revision",
+            format!("?revision={a} and If-Match: {b} disagree"),
+        )),
+        (a, b) => Ok(a.or(b)),
+    }
+}
+
+fn spec_of(r: &Resource) -> Value {
+    serde_json::from_str(&r.value_json).unwrap_or(Value::Null)
+}
+
+fn item(kind: Kind, r: &Resource) -> Value {
+    json!({ "kind": kind.as_str(), "name": r.name, "revision": r.revision, "spec": spec_of(r) })
+}
+
+async fn read_one(st: &AppState, kind: Kind, name: &str, local: bool) -> ApiResult<Option<Resource>> {
+    if !local {
+        st.node.linearize().await?;
+    }
+    Ok(st.node.local().get(kind.as_str(), name).map_err(crate::store::StoreError::from)?)
+}
+
+pub async fn list(
+    State(st): State<Arc<AppState>>,
+    Path(k): Path<String>,
+    Query(q): Query<ReadQuery>,
+) -> ApiResult<Json<Value>> {
+    let kind = kind(&k)?;
+    if !local(&q)? {
+        st.node.linearize().await?;
+    }
+    let sm = st.node.local();
+    let revision = sm.last_applied_index().map_err(crate::store::StoreError::from)?;
+    let items: Vec<Value> =
+        sm.list(kind.as_str()).map_err(crate::store::StoreError::from)?.iter().map(|r| item(kind, r)).collect();
+    Ok(Json(json!({ "revision": revision, "items": items })))
+}
+
+pub async fn get(
+    State(st): State<Arc<AppState>>,
+    Path((k, name)): Path<(String, String)>,
+    Query(q): Query<ReadQuery>,
+) -> ApiResult<Json<Value>> {
+    let kind = kind(&k)?;
+    match read_one(&st, kind, &name, local(&q)?).await? {
+        Some(r) => Ok(Json(item(kind, &r))),
+        None => Err(ApiError::new(StatusCode::NOT_FOUND, format!("{kind}/{name} does not exist"))),
+    }
+}
+
+/// Parses a request body as JSON, with a 400 that says where it broke.
+fn body_json(body: &Bytes) -> ApiResult<Value> {
+    if body.is_empty() {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "the request body is empty; send the spec as JSON"));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")))
+}
+
+/// Validates and writes `spec` as `kind/name`; shared by PUT and the weights shortcut.
+async fn write_spec(
+    st: &AppState,
+    kind: Kind,
+    name: &str,
+    spec: &Value,
+    expect: Option<u64>,
+    dry_run: bool,
+) -> ApiResult<Json<Value>> {
+    let valid = resources::validate(kind, name, spec)
+        .map_err(|e| ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, &e.field, &e.message))?;
+    let sm = st.node.local();
+    let exists = |k: Kind, n: &str| sm.get(k.as_str(), n).ok().flatten().is_some();
+    let warnings = resources::dangling(&valid.refs, exists);
+    if dry_run {
+        let current = read_one(st, kind, name, false).await?;
+        let proposed: Value = serde_json::from_str(&valid.json).unwrap_or(Value::Null);
+        let current_spec = current.as_ref().map(spec_of);
+        return Ok(Json(json!({
+            "kind": kind.as_str(),
+            "name": name,
+            "dry_run": true,
+            "changed": current_spec.as_ref() != Some(&proposed),
+            "revision": current.map(|r| r.revision).unwrap_or(0),
+            "current": current_spec,
+            "proposed": proposed,
+            "warnings": warnings,
+        })));
+    }
+    let cmd = Command::Put {
+        kind: kind.as_str().into(),
+        name: name.into(),
+        value_json: valid.json,
+        expect_revision: expect,
+    };
+    let (revision, changed) = st.node.write_changed(cmd).await?;
+    Ok(Json(json!({
+        "kind": kind.as_str(), "name": name, "revision": revision, "changed": changed, "warnings": warnings,
+    })))
+}
+
+pub async fn put(
+    State(st): State<Arc<AppState>>,
+    Path((k, name)): Path<(String, String)>,
+    Query(q): Query<WriteQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let kind = kind(&k)?;
+    let expect = precondition(&q, &headers)?;
+    let spec = body_json(&body)?;
+    write_spec(&st, kind, &name, &spec, expect, q.dry_run).await
+}
+
+pub async fn delete(
+    State(st): State<Arc<AppState>>,
+    Path((k, name)): Path<(String, String)>,
+    Query(q): Query<WriteQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let kind = kind(&k)?;
+    let expect = precondition(&q, &headers)?;
+    resources::check_name(&name).map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, &e.field, &e.message))?;
+    if q.dry_run {
+        let current = read_one(&st, kind, &name, false).await?;
+        return Ok(Json(json!({
+            "kind": kind.as_str(), "name": name, "dry_run": true, "changed": current.is_some(),
+            "revision": current.map(|r| r.revision).unwrap_or(0),
+        })));
+    }
+    let cmd = Command::Delete { kind: kind.as_str().into(), name: name.clone(), expect_revision: expect };
+    let revision = st.node.write(cmd).await?;
+    Ok(Json(json!({ "kind": kind.as_str(), "name": name, "revision": revision })))
+}
+
+pub async fn history(
+    State(st): State<Arc<AppState>>,
+    Path((k, name)): Path<(String, String)>,
+    Query(q): Query<ReadQuery>,
+) -> ApiResult<Json<Value>> {
+    let kind = kind(&k)?;
+    if !local(&q)? {
+        st.node.linearize().await?;
+    }
+    let h = st.node.local().history(kind.as_str(), &name).map_err(crate::store::StoreError::from)?;
+    if h.is_empty() {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, format!("{kind}/{name} has no history")));
+    }
+    let items: Vec<Value> = h
+        .iter()
+        .map(|e| {
+            let spec = e.value_json.as_deref().and_then(|v| serde_json::from_str::<Value>(v).ok());
+            json!({ "revision": e.revision, "spec": spec })
+        })
+        .collect();
+    Ok(Json(json!({ "kind": kind.as_str(), "name": name, "items": items })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RollbackBody {
+    revision: u64,
+}
+
+pub async fn rollback(
+    State(st): State<Arc<AppState>>,
+    Path((k, name)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let kind = kind(&k)?;
+    let b: RollbackBody = serde_json::from_value(body_json(&body)?)
+        .map_err(|e| ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, "revision", e))?;
+    let history = st.node.local().history(kind.as_str(), &name).map_err(crate::store::StoreError::from)?;
+    if !history.iter().any(|h| h.revision == b.revision) {
+        let known: Vec<String> = history.iter().map(|h| h.revision.to_string()).collect();
+        return Err(ApiError::field(
+            StatusCode::NOT_FOUND,
+            "revision",
+            format!("{kind}/{name} has no revision {} (known: {})", b.revision, known.join(", ")),
+        ));
+    }
+    let revision = st.node.rollback(kind.as_str(), &name, b.revision).await?;
+    Ok(Json(json!({ "kind": kind.as_str(), "name": name, "revision": revision, "restored": b.revision })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WeightsBody {
+    weights: BTreeMap<String, u32>,
+}
+
+/// Sets variant weights of an experiment in one conditional write (read, change, put with
+/// the read revision), so a concurrent edit is a 409 rather than lost.
+pub async fn set_weights(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(q): Query<WriteQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let b: WeightsBody = serde_json::from_value(body_json(&body)?)
+        .map_err(|e| ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, "weights", e))?;
+    let Some(current) = read_one(&st, Kind::Experiments, &name, false).await? else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, format!("experiments/{name} does not exist")));
+    };
+    let expect = precondition(&q, &headers)?.unwrap_or(current.revision);
+    let mut spec = spec_of(&current);
+    let variants = spec.get_mut("variants").and_then(Value::as_array_mut);
+    let Some(variants) = variants else {
+        return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "stored experiment has no variants"));
+    };
+    for (variant, weight) in &b.weights {
+        let Some(v) = variants.iter_mut().find(|v| v.get("name").and_then(Value::as_str) == Some(variant)) else {
+            let known: Vec<&str> = variants.iter().filter_map(|v| v.get("name").and_then(Value::as_str)).collect();
+            return Err(ApiError::field(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &format!("weights.{variant}"),
+                format!("experiment {name:?} has no variant {variant:?} (variants: {})", known.join(", ")),
+            ));
+        };
+        v["weight"] = json!(weight);
+    }
+    write_spec(&st, Kind::Experiments, &name, &spec, Some(expect), q.dry_run).await
+}

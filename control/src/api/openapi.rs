@@ -1,0 +1,98 @@
+//! The OpenAPI 3.1 document of the control API, served at `/openapi.json`. Written by hand
+//! next to the handlers (one place to read), and checked by schemathesis in CI.
+
+use axum::Json;
+use serde_json::{Value, json};
+
+fn error_responses() -> Value {
+    let e = json!({"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
+    json!({
+        "400": e, "401": e, "403": e, "404": e, "409": e, "422": e, "503": e,
+    })
+}
+
+fn ok(schema: Value) -> Value {
+    json!({"description": "OK", "content": {"application/json": {"schema": schema}}})
+}
+
+fn responses(schema: Value) -> Value {
+    let mut r = error_responses();
+    r["200"] = ok(schema);
+    r
+}
+
+pub async fn document() -> Json<Value> {
+    let kind = json!({"name": "kind", "in": "path", "required": true,
+        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints"]}});
+    let name = json!({"name": "name", "in": "path", "required": true,
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,253}$"}});
+    let consistency = json!({"name": "consistency", "in": "query", "required": false,
+        "schema": {"type": "string", "enum": ["linearizable", "local"]}});
+    let revision = json!({"name": "revision", "in": "query", "required": false,
+        "description": "precondition: the current revision (0 = must not exist)", "schema": {"type": "integer", "minimum": 0}});
+    let if_match = json!({"name": "If-Match", "in": "header", "required": false,
+        "description": "precondition, like ?revision=", "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"}});
+    let dry_run = json!({"name": "dry_run", "in": "query", "required": false, "schema": {"type": "boolean"}});
+    let body = |schema: Value| json!({"required": true, "content": {"application/json": {"schema": schema}}});
+    let item = json!({"$ref": "#/components/schemas/Item"});
+    let write = json!({"$ref": "#/components/schemas/WriteResult"});
+    let members = json!({"$ref": "#/components/schemas/Members"});
+    Json(json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "weft control API",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Config resources of the weft mesh, replicated with Raft. Writes and linearizable reads on a follower are forwarded to the leader. Revisions are Raft log indexes.",
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["error"], "properties": {
+                    "error": {"type": "string"}, "field": {"type": "string"}, "current_revision": {"type": "integer"}}},
+                "Spec": {"type": "object", "description": "A section of the weft-proxy YAML config for this kind (see the config reference); `name` may be omitted."},
+                "Item": {"type": "object", "required": ["kind", "name", "revision", "spec"], "properties": {
+                    "kind": {"type": "string"}, "name": {"type": "string"}, "revision": {"type": "integer"},
+                    "spec": {"$ref": "#/components/schemas/Spec"}}},
+                "WriteResult": {"type": "object", "required": ["kind", "name", "revision"], "properties": {
+                    "kind": {"type": "string"}, "name": {"type": "string"}, "revision": {"type": "integer"},
+                    "changed": {"type": "boolean"}, "warnings": {"type": "array", "items": {"type": "string"}}}},
+                "Members": {"type": "object", "properties": {
+                    "leader": {"type": ["integer", "null"]}, "term": {"type": "integer"},
+                    "members": {"type": "array", "items": {"type": "object", "properties": {
+                        "id": {"type": "integer"}, "addr": {"type": "string"}, "xds_addr": {"type": "string"}, "voter": {"type": "boolean"}}}}}},
+            }
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/{kind}": {"get": {"summary": "List resources of a kind", "parameters": [kind, consistency],
+                "responses": responses(json!({"type": "object", "properties": {"revision": {"type": "integer"}, "items": {"type": "array", "items": item}}}))}},
+            "/v1/{kind}/{name}": {
+                "get": {"summary": "Read one resource", "parameters": [kind, name, consistency], "responses": responses(item.clone())},
+                "put": {"summary": "Create or replace a resource", "parameters": [kind, name, revision, if_match, dry_run],
+                    "requestBody": body(json!({"$ref": "#/components/schemas/Spec"})), "responses": responses(write.clone())},
+                "delete": {"summary": "Delete a resource (its history is kept)", "parameters": [kind, name, revision, if_match, dry_run],
+                    "responses": responses(write.clone())}},
+            "/v1/{kind}/{name}/history": {"get": {"summary": "Every revision of a resource, oldest first", "parameters": [kind, name, consistency],
+                "responses": responses(json!({"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object", "properties": {
+                    "revision": {"type": "integer"}, "spec": {"type": ["object", "null"]}}}}}}))}},
+            "/v1/{kind}/{name}/rollback": {"post": {"summary": "Restore the spec a resource had at a revision (a new write)", "parameters": [kind, name],
+                "requestBody": body(json!({"type": "object", "required": ["revision"], "properties": {"revision": {"type": "integer", "minimum": 1}}, "additionalProperties": false})),
+                "responses": responses(write.clone())}},
+            "/v1/experiments/{name}/weights": {"post": {"summary": "Set variant weights (one conditional write)", "parameters": [name, revision, if_match, dry_run],
+                "requestBody": body(json!({"type": "object", "required": ["weights"], "additionalProperties": false, "properties": {
+                    "weights": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}}}})),
+                "responses": responses(write)}},
+            "/v1/members": {
+                "get": {"summary": "Members of the control-plane cluster", "responses": responses(members.clone())},
+                "post": {"summary": "Add a member (learner, caught up, then voter)", "requestBody": body(json!({"type": "object", "required": ["id", "addr"], "additionalProperties": false, "properties": {
+                    "id": {"type": "integer", "minimum": 1}, "addr": {"type": "string"}, "xds_addr": {"type": "string"}, "voter": {"type": "boolean"}}})),
+                    "responses": responses(members.clone())}},
+            "/v1/members/{id}": {"delete": {"summary": "Remove a member", "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "integer", "minimum": 1}}],
+                "responses": responses(members)}},
+            "/v1/status": {"get": {"summary": "This node's Raft role, term and applied index", "responses": responses(json!({"type": "object"}))}},
+            "/v1/proxies": {"get": {"summary": "Connected sidecars: control node, ACKed versions, last NACK", "parameters": [
+                {"name": "scope", "in": "query", "required": false, "schema": {"type": "string", "enum": ["cluster", "local"]}}],
+                "responses": responses(json!({"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object"}}}}))}},
+        }
+    }))
+}

@@ -1,0 +1,89 @@
+//! `weft-control`: one node of weft's control plane. See `docs/control-api.md` and the README
+//! for the flags; `--help` lists them with their defaults.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use weft_control::api::auth::Tokens;
+use weft_control::server::{self, Options};
+
+#[derive(Debug, Parser)]
+#[command(name = "weft-control", version, about = "weft control-plane node: Raft config store, REST API, xDS server")]
+struct Args {
+    /// Node id (≥ 1), unique in the cluster and stable across restarts.
+    #[arg(long, default_value_t = 1)]
+    id: u64,
+    /// REST API and Raft RPC listener.
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    listen: SocketAddr,
+    /// xDS (gRPC) listener for sidecars.
+    #[arg(long, default_value = "127.0.0.1:7701")]
+    xds_listen: SocketAddr,
+    /// API address peers use to reach this node (default: --listen).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// xDS address sidecars are told about (default: --xds-listen).
+    #[arg(long)]
+    xds_advertise: Option<String>,
+    /// Directory of the node's data file (weft-control.redb).
+    #[arg(long, default_value = "weft-data")]
+    data_dir: PathBuf,
+    /// Bootstrap a new single-member cluster (ignored when the data dir already holds one).
+    #[arg(long)]
+    init: bool,
+    /// Join the cluster of this member (host:port of its API), as a voter.
+    #[arg(long, conflicts_with = "init")]
+    join: Option<String>,
+    /// YAML file of bearer tokens with roles; absent = no authentication (loopback demos only).
+    #[arg(long)]
+    tokens: Option<PathBuf>,
+    /// Take a snapshot and compact the log every this many applied entries.
+    #[arg(long, default_value_t = 10_000)]
+    snapshot_every: u64,
+    /// Commits within this many milliseconds become one xDS push.
+    #[arg(long, default_value_t = 10)]
+    xds_debounce_ms: u64,
+    /// Log filter (RUST_LOG syntax).
+    #[arg(long, default_value = "info,openraft=warn")]
+    log: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
+        .with_writer(std::io::stderr)
+        .init();
+    let tokens = match &args.tokens {
+        Some(p) => Tokens::load(p).map_err(|e| anyhow::anyhow!("--tokens {e}"))?,
+        None => {
+            tracing::warn!("no --tokens file: the API accepts every request without authentication");
+            Tokens::default()
+        }
+    };
+    let mut opts = Options::new(args.id, args.listen, args.xds_listen, args.data_dir);
+    opts.advertise = args.advertise;
+    opts.xds_advertise = args.xds_advertise;
+    opts.init = args.init;
+    opts.join = args.join;
+    opts.tokens = tokens;
+    opts.snapshot_every = args.snapshot_every;
+    opts.xds_debounce = Duration::from_millis(args.xds_debounce_ms);
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
+        let running = server::start(opts).await?;
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        running.shutdown().await
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

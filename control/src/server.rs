@@ -1,0 +1,200 @@
+//! A running control node: the store, Raft over HTTP, the REST API, the xDS server, and the
+//! publisher that feeds committed config to the xDS cache. `weft-control` (the binary) parses
+//! flags into [`Options`] and calls [`run`]; tests and the demo call it in-process.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::net::TcpListener;
+
+use crate::api::{self, AppState, auth::Tokens, forward::Peers};
+use crate::store::{Member, Node, NodeId, Store, raft_config};
+use crate::transport::HttpNetwork;
+
+/// Everything a node needs to start.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub id: NodeId,
+    /// REST API + Raft RPCs.
+    pub listen: SocketAddr,
+    /// xDS (gRPC).
+    pub xds_listen: SocketAddr,
+    /// Addresses peers and sidecars use to reach this node (default: the listen addresses).
+    pub advertise: Option<String>,
+    pub xds_advertise: Option<String>,
+    pub data_dir: PathBuf,
+    /// Bootstrap a new cluster with this node as its only member (no-op if the data dir
+    /// already holds one).
+    pub init: bool,
+    /// A member to ask to add this node (`host:port` or `http://host:port`).
+    pub join: Option<String>,
+    pub tokens: Tokens,
+    /// Snapshot (and compact the log) every this many applied entries.
+    pub snapshot_every: u64,
+    /// Window in which commits are coalesced into one xDS push.
+    pub xds_debounce: Duration,
+}
+
+impl Options {
+    pub fn new(id: NodeId, listen: SocketAddr, xds_listen: SocketAddr, data_dir: PathBuf) -> Options {
+        Options {
+            id,
+            listen,
+            xds_listen,
+            advertise: None,
+            xds_advertise: None,
+            data_dir,
+            init: false,
+            join: None,
+            tokens: Tokens::default(),
+            snapshot_every: 10_000,
+            xds_debounce: Duration::from_millis(10),
+        }
+    }
+}
+
+/// A started node; dropping it does not stop it, [`Running::shutdown`] does.
+pub struct Running {
+    pub node: Arc<Node>,
+    pub api_addr: SocketAddr,
+    pub xds_addr: SocketAddr,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops serving, shuts Raft down and releases the data file.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+        match Arc::try_unwrap(self.node) {
+            Ok(node) => node.shutdown().await.context("raft shutdown")?,
+            Err(node) => {
+                node.raft().shutdown().await.context("raft shutdown")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn strip_scheme(addr: &str) -> &str {
+    addr.trim_start_matches("http://").trim_end_matches('/')
+}
+
+/// Starts a node and returns once it serves (not necessarily once it has a leader).
+pub async fn start(opts: Options) -> anyhow::Result<Running> {
+    if opts.id == 0 {
+        bail!("--id: node ids start at 1");
+    }
+    std::fs::create_dir_all(&opts.data_dir).with_context(|| format!("--data-dir {}", opts.data_dir.display()))?;
+    let api_listener = TcpListener::bind(opts.listen).await.with_context(|| format!("--listen {}", opts.listen))?;
+    let xds_listener =
+        TcpListener::bind(opts.xds_listen).await.with_context(|| format!("--xds-listen {}", opts.xds_listen))?;
+    let api_addr = api_listener.local_addr()?;
+    let xds_addr = xds_listener.local_addr()?;
+    let me = Member {
+        addr: opts.advertise.clone().unwrap_or_else(|| api_addr.to_string()),
+        xds_addr: opts.xds_advertise.clone().unwrap_or_else(|| xds_addr.to_string()),
+    };
+
+    let store = Store::open(opts.data_dir.join("weft-control.redb")).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let config = raft_config(opts.snapshot_every, 1000).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let network = HttpNetwork::new(opts.tokens.admin_token());
+    let node = Arc::new(Node::start(opts.id, &store, config, network).await.map_err(|e| anyhow::anyhow!("{e}"))?);
+    if opts.init && node.initialize(BTreeMap::from([(opts.id, me.clone())])).await.map_err(|e| anyhow::anyhow!("{e}"))? {
+        tracing::info!(id = opts.id, "initialized a new cluster");
+    }
+
+    let cache = weft_xds::Cache::new(opts.xds_debounce);
+    let state = Arc::new(AppState { node: node.clone(), cache: cache.clone(), tokens: opts.tokens.clone(), peers: Peers::default() });
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+
+    let app = api::router(state.clone());
+    let mut s = stopped.clone();
+    tasks.push(tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = s.wait_for(|v| *v).await;
+        };
+        if let Err(e) = axum::serve(api_listener, app).with_graceful_shutdown(shutdown).await {
+            tracing::error!(error = %e, "API server failed");
+        }
+    }));
+
+    let ads = weft_xds::AdsServer::new(cache.clone()).into_service();
+    let mut s = stopped.clone();
+    tasks.push(tokio::spawn(async move {
+        let incoming = tonic::transport::server::TcpIncoming::from(xds_listener).with_nodelay(Some(true));
+        let shutdown = async move {
+            let _ = s.wait_for(|v| *v).await;
+        };
+        let server = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(ads)
+            .serve_with_incoming_shutdown(incoming, shutdown);
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "xDS server failed");
+        }
+    }));
+
+    let (n, c) = (node.clone(), cache.clone());
+    let mut s = stopped.clone();
+    tasks.push(tokio::spawn(async move {
+        tokio::select! {
+            _ = crate::publish::run(n, c) => {}
+            _ = s.wait_for(|v| *v) => {}
+        }
+    }));
+
+    if let Some(join) = &opts.join {
+        join_cluster(&node, strip_scheme(join), opts.id, &me, opts.tokens.admin_token()).await?;
+    }
+    tracing::info!(id = opts.id, api = %api_addr, xds = %xds_addr, "control node serving");
+    Ok(Running { node, api_addr, xds_addr, stop, tasks })
+}
+
+/// Asks `via` to add this node as a voter; retried while the cluster elects a leader. A node
+/// that already is a member (a restart) skips this.
+async fn join_cluster(node: &Node, via: &str, id: NodeId, me: &Member, token: Option<String>) -> anyhow::Result<()> {
+    if node.members().members.iter().any(|m| m.id == id) {
+        return Ok(());
+    }
+    let body = serde_json::json!({ "id": id, "addr": me.addr, "xds_addr": me.xds_addr, "voter": true }).to_string();
+    let peers = Peers::default();
+    let mut req = http::Request::post("/v1/members").header(http::header::CONTENT_TYPE, "application/json");
+    if let Some(t) = &token {
+        req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let (parts, _) = req.body(())?.into_parts();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let outcome = peers.forward(via, None, &parts, body.clone().into()).await;
+        match outcome {
+            Ok(r) if r.status().is_success() => {
+                tracing::info!(via, "joined the cluster");
+                return Ok(());
+            }
+            Ok(r) if r.status().is_client_error() => {
+                let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap_or_default();
+                bail!("--join {via}: refused: {}", String::from_utf8_lossy(&bytes));
+            }
+            other => {
+                let why = match other {
+                    Ok(r) => format!("HTTP {}", r.status()),
+                    Err(e) => e,
+                };
+                if tokio::time::Instant::now() >= deadline {
+                    bail!("--join {via}: gave up after 60 s: {why}");
+                }
+                tracing::info!(via, %why, "join not accepted yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
