@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
+pub mod procs;
+
 pub type Body = BoxBody<Bytes, Infallible>;
 
 /// A model-server stand-in. Paths:

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
+use weft_tests::procs::{Child, free_port};
 use weft_tests::*;
 
 fn config(admin: &str, listen: &str, a: &Upstream, b: &Upstream, wa: u32, wb: u32) -> String {
@@ -78,19 +79,6 @@ async fn invalid_reload_is_rejected_and_old_config_serves() {
     assert_eq!(dump["config"]["listeners"][0]["address"], listen.as_str(), "config_dump shows the bound address");
     let m = admin_get(p.admin_addr, "/metrics").await.1;
     assert_eq!(metric_sum(&m, "weft_config_reloads_total", &[("result", "rejected")]), 2.0);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Kills the child on drop so a failing test leaves no process behind.
-struct Child(std::process::Child);
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 async fn wait_ready(admin: &str) {

@@ -1,0 +1,227 @@
+//! Real weft binaries as child processes: control nodes (`weft-control`) and sidecars
+//! (`weft-proxy --xds`), with the small JSON client the tests talk to the control API with.
+//! Every child is killed when its handle drops, so a failing test leaves nothing behind.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+
+use crate::{HttpClient, client, full, workspace_bin};
+
+/// A port nothing listens on right now (loopback; the race with other tests is harmless in
+/// practice because the kernel hands out ephemeral ports round-robin).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Kills the child on drop.
+pub struct Child(pub std::process::Child);
+
+impl Child {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// SIGKILL and reap: a crash, not a shutdown.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`, `TERM`, `HUP`).
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill").args([&format!("-{sig}"), &self.0.id().to_string()]).status();
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, panicking with `what` after `limit`.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One JSON request to a control node. Connection errors come back as status 0, so tests can
+/// poll nodes that are down.
+pub async fn api(c: &HttpClient, method: Method, addr: SocketAddr, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(full(body.map(|b| b.to_string()).unwrap_or_default()))
+        .unwrap();
+    let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(15), c.request(req)).await else {
+        return (StatusCode::from_u16(599).unwrap(), Value::Null);
+    };
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// A `weft-control` process with its ports and data dir (kept across restarts).
+pub struct ControlProc {
+    pub id: u64,
+    pub api: SocketAddr,
+    pub xds: SocketAddr,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl ControlProc {
+    /// Starts node `id` in `dir`; `init` bootstraps a cluster, `join` asks that member.
+    pub fn start(id: u64, root: &Path, init: bool, join: Option<SocketAddr>) -> ControlProc {
+        let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let xds = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut p = ControlProc { id, api, xds, dir: root.join(format!("node{id}")), child: None };
+        p.spawn(init, join);
+        p
+    }
+
+    fn spawn(&mut self, init: bool, join: Option<SocketAddr>) {
+        let mut cmd = Command::new(workspace_bin("weft-control"));
+        cmd.args(["--id", &self.id.to_string(), "--listen", &self.api.to_string()])
+            .args(["--xds-listen", &self.xds.to_string(), "--data-dir"])
+            .arg(&self.dir)
+            .args(["--log", "warn", "--snapshot-every", "50"])
+            .stdin(Stdio::null());
+        if init {
+            cmd.arg("--init");
+        }
+        if let Some(j) = join {
+            cmd.args(["--join", &j.to_string()]);
+        }
+        self.child = Some(Child(cmd.spawn().expect("spawn weft-control")));
+    }
+
+    /// Restarts on the same ports and data dir (recovers from disk).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn(false, None);
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill();
+        }
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub async fn status(&self, c: &HttpClient) -> Option<Value> {
+        let (s, v) = api(c, Method::GET, self.api, "/v1/status", None).await;
+        (s == StatusCode::OK).then_some(v)
+    }
+}
+
+/// A cluster of `n` control nodes: node 1 initializes, the others join it. Returns once
+/// every node lists `n` voters.
+pub async fn control_cluster(n: u64, root: &Path) -> Vec<ControlProc> {
+    let c = client();
+    let first = ControlProc::start(1, root, true, None);
+    wait_for("node 1 leads", Duration::from_secs(20), || async {
+        first.status(&c).await.filter(|s| s["leader"] == 1).map(|_| ())
+    })
+    .await;
+    let join = first.api;
+    let mut nodes = vec![first];
+    for id in 2..=n {
+        nodes.push(ControlProc::start(id, root, false, Some(join)));
+    }
+    for node in &nodes {
+        wait_for(&format!("node {} sees {n} voters", node.id), Duration::from_secs(30), || async {
+            let (s, v) = api(&c, Method::GET, node.api, "/v1/members", None).await;
+            let voters = v["members"].as_array().map(|m| m.iter().filter(|m| m["voter"] == true).count());
+            (s == StatusCode::OK && voters == Some(n as usize) && v["leader"].is_u64()).then_some(())
+        })
+        .await;
+    }
+    nodes
+}
+
+/// The id of the leader, as the first live node that knows one reports it.
+pub async fn leader_of(c: &HttpClient, nodes: &[ControlProc]) -> Option<u64> {
+    for n in nodes.iter().filter(|n| n.is_up()) {
+        if let Some(s) = n.status(c).await
+            && let Some(l) = s["leader"].as_u64()
+        {
+            return Some(l);
+        }
+    }
+    None
+}
+
+/// A `weft-proxy` process whose bootstrap has only node id, admin and one outbound listener;
+/// everything it routes comes from the control plane (or its saved snapshot).
+pub struct SidecarProc {
+    pub node: String,
+    pub admin: SocketAddr,
+    pub listen: SocketAddr,
+    pub cache: PathBuf,
+    config: PathBuf,
+    servers: String,
+    child: Option<Child>,
+}
+
+impl SidecarProc {
+    pub fn start(node: &str, dir: &Path, control: &[&ControlProc]) -> SidecarProc {
+        std::fs::create_dir_all(dir).unwrap();
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let config = dir.join(format!("{node}.yaml"));
+        let yaml = format!(
+            "node: {{id: {node}}}\nadmin: {{address: \"{admin}\"}}\nlisteners: [{{name: out, address: \"{listen}\"}}]\n"
+        );
+        std::fs::write(&config, yaml).unwrap();
+        let servers = control.iter().map(|c| c.xds.to_string()).collect::<Vec<_>>().join(",");
+        let mut s =
+            SidecarProc { node: node.into(), admin, listen, cache: dir.join(format!("{node}.xds.json")), config, servers, child: None };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(workspace_bin("weft-proxy"))
+            .arg("--config")
+            .arg(&self.config)
+            .args(["--xds", &self.servers, "--xds-cache"])
+            .arg(&self.cache)
+            .args(["--log", "warn", "--workers", "1"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn weft-proxy");
+        self.child = Some(Child(child));
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill();
+        }
+    }
+}
