@@ -6,11 +6,13 @@
 //! - `api`: the REST API (auth, leader forwarding, CRUD, members, proxy status, OpenAPI).
 //! - `publish`: committed state → the xDS cache, on every apply.
 //! - `server`: a running node (listeners, Raft, publisher, join); the binary wraps it.
+//! - `reports`: sidecar registrations, heartbeats (→ fault detection) and load reports.
 //! - `fault`: phi-accrual failure detection over sidecar heartbeats.
 
 pub mod api;
 pub mod fault;
 pub mod publish;
+pub mod reports;
 pub mod resources;
 pub mod server;
 pub mod store;

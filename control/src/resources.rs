@@ -285,6 +285,8 @@ pub struct Registration {
     pub variant: String,
     pub labels: BTreeMap<String, String>,
     pub healthy: bool,
+    /// The control node watching its heartbeats.
+    pub control_node: u64,
 }
 
 /// Store key prefix of sidecar registrations (not a user-writable kind).

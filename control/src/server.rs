@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 
 use crate::api::{self, AppState, auth::Tokens, forward::Peers};
+use crate::reports::Tracker;
 use crate::store::{Member, Node, NodeId, Store, raft_config};
 use crate::transport::HttpNetwork;
 
@@ -112,9 +113,18 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     }
 
     let cache = weft_xds::Cache::new(opts.xds_debounce);
-    let state = Arc::new(AppState { node: node.clone(), cache: cache.clone(), tokens: opts.tokens.clone(), peers: Peers::default() });
+    let peers = Arc::new(Peers::default());
+    let reports = Arc::new(Tracker::new(node.clone(), api_addr.to_string(), opts.tokens.admin_token(), peers.clone()));
+    let state = Arc::new(AppState {
+        node: node.clone(),
+        cache: cache.clone(),
+        tokens: opts.tokens.clone(),
+        peers,
+        reports: reports.clone(),
+    });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(reports.clone().run(stopped.clone())));
 
     let app = api::router(state.clone());
     let mut s = stopped.clone();
@@ -128,6 +138,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     }));
 
     let ads = weft_xds::AdsServer::new(cache.clone()).into_service();
+    let report_service = reports.service();
     let mut s = stopped.clone();
     tasks.push(tokio::spawn(async move {
         let incoming = tonic::transport::server::TcpIncoming::from(xds_listener).with_nodelay(Some(true));
@@ -137,6 +148,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         let server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(ads)
+            .add_service(report_service)
             .serve_with_incoming_shutdown(incoming, shutdown);
         if let Err(e) = server.await {
             tracing::error!(error = %e, "xDS server failed");

@@ -10,7 +10,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Write;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -71,6 +71,19 @@ pub struct Series {
     pub requests: Counter,
     pub duration: Histogram,
     pub retries: Counter,
+    /// Readable copies of the request count and latency sum (`metrics` handles are
+    /// write-only), summed per variant for the load reports sent to the control plane.
+    count: AtomicU64,
+    latency_us: AtomicU64,
+}
+
+/// Cumulative per-variant totals since start (non-shadow requests); the reporter sends the
+/// differences between two readings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VariantTotals {
+    pub requests: u64,
+    pub errors: u64,
+    pub latency_us: u64,
 }
 
 /// FxHash (rustc's hasher): a few cycles per word instead of SipHash's rounds. The series cache
@@ -236,6 +249,8 @@ impl Telemetry {
             requests: self.counter("weft_requests_total", ml.clone()),
             duration: self.histogram("weft_request_duration_seconds", ml.clone()),
             retries: self.counter("weft_retries_total", ml),
+            count: AtomicU64::new(0),
+            latency_us: AtomicU64::new(0),
         });
         bucket.push((labels.clone(), s.clone()));
         s
@@ -267,9 +282,31 @@ impl Telemetry {
         let s = self.series(labels);
         s.requests.increment(1);
         s.duration.record(duration.as_secs_f64());
+        s.count.fetch_add(1, Ordering::Relaxed);
+        s.latency_us.fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
         if retries > 0 {
             s.retries.increment(retries as u64);
         }
+    }
+
+    /// Per-variant totals over every series (5xx series count as errors; shadow copies and
+    /// requests outside an experiment are left out).
+    pub fn variant_totals(&self) -> std::collections::BTreeMap<String, VariantTotals> {
+        let mut out: std::collections::BTreeMap<String, VariantTotals> = std::collections::BTreeMap::new();
+        let map = self.series.lock().unwrap();
+        for (labels, s) in map.values().flatten() {
+            if labels.shadow || labels.variant.is_empty() {
+                continue;
+            }
+            let t = out.entry(labels.variant.to_string()).or_default();
+            let n = s.count.load(Ordering::Relaxed);
+            t.requests += n;
+            if labels.status_class == "5xx" {
+                t.errors += n;
+            }
+            t.latency_us += s.latency_us.load(Ordering::Relaxed);
+        }
+        out
     }
 
     pub fn access_log_enabled(&self) -> bool {

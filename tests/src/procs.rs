@@ -181,22 +181,47 @@ pub struct SidecarProc {
     pub cache: PathBuf,
     config: PathBuf,
     servers: String,
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
 impl SidecarProc {
+    /// An outbound sidecar (listener `out`) for an app.
     pub fn start(node: &str, dir: &Path, control: &[&ControlProc]) -> SidecarProc {
+        Self::launch(node, dir, control, |admin, listen| {
+            format!("node: {{id: {node}}}\nadmin: {{address: \"{admin}\"}}\nlisteners: [{{name: out, address: \"{listen}\"}}]\n")
+        }, vec![])
+    }
+
+    /// An inbound sidecar (listener `in`) in front of `model`, registering itself as an
+    /// endpoint of `cluster` and heartbeating every 200 ms.
+    pub fn inbound(node: &str, dir: &Path, control: &[&ControlProc], model: SocketAddr, cluster: &str) -> SidecarProc {
+        let extra = ["--register-cluster", cluster, "--report-interval", "200ms"].map(String::from).to_vec();
+        Self::launch(node, dir, control, |admin, listen| {
+            format!(
+                "node: {{id: {node}, team: t1}}\nadmin: {{address: \"{admin}\"}}\n\
+                 listeners: [{{name: in, address: \"{listen}\", direction: inbound}}]\n\
+                 services: [{{name: local, hosts: [\"*\"], listeners: [in], routes: [{{name: r, cluster: local}}]}}]\n\
+                 clusters: [{{name: local, endpoints: [\"{model}\"]}}]\n"
+            )
+        }, extra)
+    }
+
+    fn launch(
+        node: &str,
+        dir: &Path,
+        control: &[&ControlProc],
+        yaml: impl FnOnce(SocketAddr, SocketAddr) -> String,
+        extra: Vec<String>,
+    ) -> SidecarProc {
         std::fs::create_dir_all(dir).unwrap();
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let config = dir.join(format!("{node}.yaml"));
-        let yaml = format!(
-            "node: {{id: {node}}}\nadmin: {{address: \"{admin}\"}}\nlisteners: [{{name: out, address: \"{listen}\"}}]\n"
-        );
-        std::fs::write(&config, yaml).unwrap();
+        std::fs::write(&config, yaml(admin, listen)).unwrap();
         let servers = control.iter().map(|c| c.xds.to_string()).collect::<Vec<_>>().join(",");
-        let mut s =
-            SidecarProc { node: node.into(), admin, listen, cache: dir.join(format!("{node}.xds.json")), config, servers, child: None };
+        let cache = dir.join(format!("{node}.xds.json"));
+        let mut s = SidecarProc { node: node.into(), admin, listen, cache, config, servers, extra, child: None };
         s.spawn();
         s
     }
@@ -208,10 +233,18 @@ impl SidecarProc {
             .args(["--xds", &self.servers, "--xds-cache"])
             .arg(&self.cache)
             .args(["--log", "warn", "--workers", "1"])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn weft-proxy");
         self.child = Some(Child(child));
+    }
+
+    /// Sends a signal (`STOP` freezes it: no traffic, no heartbeats; `CONT` resumes).
+    pub fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            c.signal(sig);
+        }
     }
 
     pub fn restart(&mut self) {

@@ -184,3 +184,71 @@ async fn sidecars_follow_changes_nack_broken_config_and_outlive_the_control_plan
     traffic_goes_to(&c, sidecar.listen, "b").await;
     assert!(a.hits() > 0 && b.hits() > 0);
 }
+
+/// Which upstreams answered `n` requests through the sidecar at `addr`.
+async fn answered_by(c: &HttpClient, addr: SocketAddr, n: usize) -> std::collections::BTreeSet<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..n {
+        seen.insert(upstream_of(c, addr).await);
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_sidecar_is_marked_unhealthy_and_returns_with_its_heartbeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = control_cluster(1, dir.path()).await;
+    let c = client();
+    let (m1, m2) = (Upstream::start("m1").await, Upstream::start("m2").await);
+    // Cluster m has no static endpoints: they come from the inbound sidecars' registrations.
+    put(&c, nodes[0].api, "/v1/clusters/m", json!({"endpoints": []})).await;
+    let route = json!({"name": "r", "cluster": "m", "timeout": "2s"});
+    put(&c, nodes[0].api, "/v1/services/s", json!({"hosts": ["s"], "listeners": ["out"], "routes": [route]})).await;
+
+    let refs: Vec<&ControlProc> = nodes.iter().collect();
+    let side = dir.path().join("side");
+    let in1 = SidecarProc::inbound("in-1", &side, &refs, m1.addr, "m");
+    let _in2 = SidecarProc::inbound("in-2", &side, &refs, m2.addr, "m");
+    let out = SidecarProc::start("out-1", &side, &refs);
+    let both: std::collections::BTreeSet<String> = ["m1", "m2"].map(String::from).into();
+    wait_for("traffic reaches both registered endpoints", Duration::from_secs(20), || async {
+        (answered_by(&c, out.listen, 20).await == both).then_some(())
+    })
+    .await;
+
+    let health = |node: &'static str| {
+        let c = c.clone();
+        let api = nodes[0].api;
+        async move {
+            let (_, v) = api_get_proxies(&c, api).await;
+            v["items"].as_array()?.iter().find(|i| i["node_id"] == node)?["registration"]["healthy"].as_bool()
+        }
+    };
+    assert_eq!(health("in-1").await, Some(true));
+
+    // Frozen: no heartbeats. The detector marks it down, every sidecar stops routing to it.
+    in1.signal("STOP");
+    wait_for("in-1 is marked unhealthy", Duration::from_secs(20), || async {
+        (health("in-1").await == Some(false)).then_some(())
+    })
+    .await;
+    wait_for("traffic avoids the frozen endpoint", Duration::from_secs(20), || async {
+        (answered_by(&c, out.listen, 20).await == ["m2".to_string()].into()).then_some(())
+    })
+    .await;
+
+    // Heartbeats return: healthy again, traffic returns.
+    in1.signal("CONT");
+    wait_for("in-1 is healthy again", Duration::from_secs(20), || async {
+        (health("in-1").await == Some(true)).then_some(())
+    })
+    .await;
+    wait_for("traffic reaches in-1 again", Duration::from_secs(20), || async {
+        (answered_by(&c, out.listen, 20).await == both).then_some(())
+    })
+    .await;
+}
+
+async fn api_get_proxies(c: &HttpClient, api_addr: SocketAddr) -> (StatusCode, Value) {
+    api(c, Method::GET, api_addr, "/v1/proxies", None).await
+}

@@ -33,6 +33,22 @@ pub async fn raft_snapshot(
     Json(json!(st.node.raft().install_snapshot(req).await))
 }
 
+/// A write of control-plane bookkeeping (sidecar registrations) from another node, which
+/// sent it here because this node leads. User resources never take this path: they are
+/// validated by the resource API.
+pub async fn internal_write(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
+    let cmd: crate::store::Command = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, format!("command: {e}")))?;
+    let kind = match &cmd {
+        crate::store::Command::Put { kind, .. } | crate::store::Command::Delete { kind, .. } => kind.clone(),
+    };
+    if kind != crate::resources::REGISTRATIONS {
+        return Err(ApiError::field(StatusCode::FORBIDDEN, "kind", format!("{kind:?} is not an internal kind")));
+    }
+    let revision = st.node.write(cmd).await?;
+    Ok(Json(json!({ "revision": revision })))
+}
+
 pub async fn status(State(st): State<Arc<AppState>>) -> Json<Value> {
     let m = st.node.raft().metrics().borrow().clone();
     Json(json!({
@@ -111,10 +127,12 @@ pub struct ProxiesQuery {
 
 /// Sidecars connected to this node, as JSON items.
 fn local_proxies(st: &AppState) -> Vec<Value> {
+    let mut reports = st.reports.views();
     st.cache
         .node_statuses()
         .into_iter()
         .map(|(node_id, s)| {
+            let report = reports.remove(&node_id);
             let nack = s.nacked.iter().next_back().map(|(t, n)| json!({"type_url": t, "version": n.version, "error": n.error}));
             json!({
                 "node_id": node_id,
@@ -123,6 +141,9 @@ fn local_proxies(st: &AppState) -> Vec<Value> {
                 "acked": s.acked,
                 "nacks": s.nacked.iter().map(|(t, n)| (t.clone(), json!({"version": n.version, "error": n.error}))).collect::<serde_json::Map<_, _>>(),
                 "nack": nack,
+                "registration": report.as_ref().and_then(|r| r.registration.clone()),
+                "phi": report.as_ref().and_then(|r| r.phi),
+                "load": report.map(|r| r.load).unwrap_or_default(),
             })
         })
         .collect()

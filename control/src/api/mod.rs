@@ -44,7 +44,8 @@ pub struct AppState {
     pub node: Arc<Node>,
     pub cache: weft_xds::Cache,
     pub tokens: Tokens,
-    pub peers: forward::Peers,
+    pub peers: Arc<forward::Peers>,
+    pub reports: Arc<crate::reports::Tracker>,
 }
 
 impl AppState {
@@ -114,7 +115,7 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 /// The role a request needs, from its method and path.
 fn needed_role(method: &Method, path: &str) -> Role {
-    if path.starts_with("/raft/") || (path.starts_with("/v1/members") && method != Method::GET) {
+    if path.starts_with("/raft/") || path.starts_with("/internal/") || (path.starts_with("/v1/members") && method != Method::GET) {
         Role::Admin
     } else if method == Method::GET || method == Method::HEAD {
         Role::Viewer
@@ -148,6 +149,9 @@ async fn authorize(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
 /// linearizability. Node-local views (status, members, proxies) answer anywhere.
 fn needs_leader(req: &Request) -> bool {
     let path = req.uri().path();
+    if path.starts_with("/internal/") {
+        return true;
+    }
     if !path.starts_with("/v1/") || path == "/v1/status" || path.starts_with("/v1/proxies") {
         return false;
     }
@@ -224,6 +228,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/members", get(cluster::members).post(cluster::add_member))
         .route("/v1/members/{id}", axum::routing::delete(cluster::remove_member))
         .route("/v1/proxies", get(cluster::proxies))
+        .route("/internal/write", post(cluster::internal_write))
         .route("/v1/experiments/{name}/weights", post(crud::set_weights))
         .route("/v1/{kind}", get(crud::list))
         .route("/v1/{kind}/{name}", get(crud::get).put(crud::put).delete(crud::delete))
@@ -260,5 +265,6 @@ mod tests {
         assert!(!needs_leader(&r(Method::GET, "/v1/members")));
         assert!(!needs_leader(&r(Method::GET, "/v1/status")));
         assert!(!needs_leader(&r(Method::POST, "/raft/append")));
+        assert!(needs_leader(&r(Method::POST, "/internal/write")));
     }
 }

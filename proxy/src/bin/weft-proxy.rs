@@ -31,6 +31,19 @@ struct Args {
     /// control plane is unreachable.
     #[arg(long)]
     xds_cache: Option<PathBuf>,
+    /// Register the model server this sidecar fronts as an endpoint of this cluster (needs
+    /// --xds), so other sidecars route to it; heartbeats decide whether it is healthy.
+    #[arg(long)]
+    register_cluster: Option<String>,
+    /// Address other sidecars reach it at (default: the first inbound listener's address).
+    #[arg(long)]
+    register_address: Option<String>,
+    /// The experiment variant it serves.
+    #[arg(long, default_value = "")]
+    register_variant: String,
+    /// Heartbeat and load-report period, e.g. "1s".
+    #[arg(long, default_value = "1s")]
+    report_interval: String,
     /// Log filter (RUST_LOG syntax), e.g. "info" or "weft_proxy=debug".
     #[arg(long, default_value = "info")]
     log: String,
@@ -48,6 +61,35 @@ fn main() {
     }
 }
 
+/// What to register: the given address or the first inbound listener's, labelled with the
+/// node's workload identity.
+fn registration(
+    cfg: &weft_proxy::Config,
+    cluster: &str,
+    address: Option<&str>,
+    variant: &str,
+) -> Result<weft_xds::resources::v1::Registration, String> {
+    let address = match address {
+        Some(a) => a.to_owned(),
+        None => cfg
+            .listeners
+            .iter()
+            .find(|l| l.direction == weft_proxy::config::Direction::Inbound)
+            .map(|l| l.address.clone())
+            .ok_or("--register-cluster: no --register-address and no inbound listener to take it from")?,
+    };
+    if address.ends_with(":0") {
+        return Err(format!("--register-address: {address:?} has no fixed port; other sidecars could not reach it"));
+    }
+    let n = &cfg.node;
+    let labels = [("team", &n.team), ("project", &n.project), ("run_id", &n.run_id), ("job_type", &n.job_type)]
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    Ok(weft_xds::resources::v1::Registration { cluster: cluster.to_owned(), address, variant: variant.to_owned(), labels })
+}
+
 fn run(args: Args) -> Result<(), String> {
     let dur = |flag: &str, v: &str| weft_proxy::duration::parse(v).map_err(|e| format!("--{flag}: {e}"));
     let watch = dur("watch-interval", &args.watch_interval)?;
@@ -57,9 +99,20 @@ fn run(args: Args) -> Result<(), String> {
     }
     let text = std::fs::read_to_string(&args.config).map_err(|e| format!("cannot read {}: {e}", args.config.display()))?;
     let cfg = weft_proxy::Config::from_yaml(&text).map_err(|e| format!("{}: {e}", args.config.display()))?;
+    let report_interval = dur("report-interval", &args.report_interval)?;
+    if report_interval.is_zero() {
+        return Err("--report-interval: must be above zero".into());
+    }
+    let registration = match &args.register_cluster {
+        None => None,
+        Some(_) if args.xds.is_empty() => return Err("--register-cluster: only meaningful with --xds".into()),
+        Some(cluster) => Some(registration(&cfg, cluster, args.register_address.as_deref(), &args.register_variant)?),
+    };
     let xds = (!args.xds.is_empty()).then(|| weft_proxy::xds::XdsOptions {
         node_id: args.node_id.clone(),
         cache_path: args.xds_cache.clone(),
+        registration,
+        report_interval,
         ..weft_proxy::xds::XdsOptions::new(args.xds.clone())
     });
     if xds.is_none() && args.xds_cache.is_some() {

@@ -168,6 +168,15 @@ impl Client {
             // The channel is empty and larger than the number of subscribed types.
             let _ = tx.try_send(request);
         }
+        // Heartbeats and load reports ride on the same connection, for as long as the session.
+        let reports = tokio::spawn(super::report::run(
+            channel.clone(),
+            self.sh.clone(),
+            self.node.id.clone(),
+            self.opts.registration.clone(),
+            self.opts.report_interval,
+        ));
+        let _stop_reports = AbortOnDrop(reports);
         let mut ads = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
         let mut inbound = match ads.stream_aggregated_resources(ReceiverStream::new(rx)).await {
             Ok(r) => r.into_inner(),
@@ -276,6 +285,15 @@ impl Client {
 }
 
 /// An error with its causes: tonic's transport error alone says only "transport error".
+/// Ends the report stream when the ADS session it belongs to ends.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 fn causes(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();

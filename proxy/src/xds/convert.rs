@@ -62,7 +62,17 @@ impl Dynamic {
         let mut cfg = bootstrap.clone();
         overlay(&mut cfg.clusters, &self.clusters, |c| &c.name);
         overlay(&mut cfg.experiments, &self.experiments, |e| &e.name);
-        overlay(&mut cfg.services, &self.services, |s| &s.name);
+        // A pushed service names the listeners it is for; on a sidecar without any of them
+        // (an inbound-only sidecar, say) it is not served, rather than being an error that
+        // would make this sidecar NACK config meant for others.
+        let here = |n: &String| bootstrap.listeners.iter().any(|l| &l.name == n);
+        let services: Vec<config::Service> = self
+            .services
+            .iter()
+            .filter(|s| s.listeners.is_empty() || s.listeners.iter().any(here))
+            .map(|s| config::Service { listeners: s.listeners.iter().filter(|n| here(n)).cloned().collect(), ..s.clone() })
+            .collect();
+        overlay(&mut cfg.services, &services, |s| &s.name);
         for c in &mut cfg.clusters {
             if let Some(addrs) = self.endpoints.get(&c.name) {
                 c.endpoints.clone_from(addrs);
@@ -335,6 +345,27 @@ clusters: [{name: a, endpoints: ["127.0.0.1:1"]}]
 "#,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn pushed_services_for_listeners_this_sidecar_lacks_are_not_served_here() {
+        let mk = |name: &str, listeners: &[&str]| config::Service {
+            name: name.into(),
+            listeners: listeners.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let d = Dynamic {
+            services: vec![mk("all", &[]), mk("elsewhere", &["in"]), mk("both", &["in", "out"])],
+            ..Default::default()
+        };
+        let merged = d.merge(&bootstrap());
+        let got: Vec<(&str, Vec<String>)> =
+            merged.services.iter().map(|s| (s.name.as_str(), s.listeners.clone())).collect();
+        assert_eq!(
+            got,
+            vec![("static", vec![]), ("all", vec![]), ("both", vec!["out".to_string()])],
+            "the bootstrap has only listener `out`"
+        );
     }
 
     #[test]

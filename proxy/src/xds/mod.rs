@@ -5,7 +5,8 @@
 //! - [`encode`]: config types → weft.v1 resources, for the control plane (pure);
 //! - [`state`]: which pushes to apply together, ACK or NACK (pure, validator passed in);
 //! - [`disk`]: the last good pushed config on disk, served after a restart;
-//! - [`client`]: the ADS stream IO loop: failover between control nodes, backoff.
+//! - [`client`]: the ADS stream IO loop: failover between control nodes, backoff;
+//! - [`report`]: registration, heartbeats and load reports on the same connection.
 //!
 //! Every push goes through `Shared::apply`, the same validate-then-swap path as a file reload,
 //! so a push that would not load from a file is NACKed and the old config keeps serving.
@@ -14,6 +15,7 @@ pub mod client;
 pub mod convert;
 pub mod disk;
 pub mod encode;
+pub mod report;
 pub mod state;
 
 use std::path::PathBuf;
@@ -36,6 +38,11 @@ pub struct XdsOptions {
     /// Wait after a round in which no control node answered; doubles up to `backoff_max`.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// The inbound endpoint this sidecar fronts, registered with the control plane so other
+    /// sidecars route to it; `None` = register nothing (an outbound-only sidecar).
+    pub registration: Option<weft_xds::resources::v1::Registration>,
+    /// Heartbeat and load-report period.
+    pub report_interval: Duration,
 }
 
 impl XdsOptions {
@@ -46,6 +53,8 @@ impl XdsOptions {
             cache_path: None,
             backoff_base: Duration::from_millis(250),
             backoff_max: Duration::from_secs(5),
+            registration: None,
+            report_interval: Duration::from_secs(1),
         }
     }
 

@@ -1,0 +1,96 @@
+//! The sidecar's report stream to the control node it is connected to, beside the ADS stream
+//! on the same gRPC connection: the first report registers the inbound endpoint this sidecar
+//! fronts (if configured), and every `interval` a report carries a heartbeat (for the control
+//! plane's phi-accrual fault detector) and the per-variant load since the previous report.
+//!
+//! The stream lives and dies with the ADS session: when the control node goes, both end and
+//! the next session (possibly on another node) registers again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use weft_xds::resources::v1;
+use weft_xds::resources::v1::sidecar_reports_client::SidecarReportsClient;
+
+use crate::Shared;
+use crate::telemetry::VariantTotals;
+
+/// The load since `before`, one entry per variant that saw requests.
+pub fn load_delta(before: &BTreeMap<String, VariantTotals>, now: &BTreeMap<String, VariantTotals>) -> Vec<v1::VariantLoad> {
+    now.iter()
+        .filter_map(|(variant, t)| {
+            let b = before.get(variant).copied().unwrap_or_default();
+            let requests = t.requests.saturating_sub(b.requests);
+            (requests > 0).then(|| v1::VariantLoad {
+                variant: variant.clone(),
+                requests,
+                errors: t.errors.saturating_sub(b.errors),
+                latency_ms_sum: t.latency_us.saturating_sub(b.latency_us) as f64 / 1000.0,
+            })
+        })
+        .collect()
+}
+
+/// Runs the report stream on `channel` until it fails; returns why.
+pub async fn run(
+    channel: Channel,
+    sh: Arc<Shared>,
+    node_id: String,
+    registration: Option<v1::Registration>,
+    interval: Duration,
+) -> String {
+    let (tx, rx) = mpsc::channel::<v1::SidecarReport>(4);
+    let mut client = SidecarReportsClient::new(channel);
+    let mut last = sh.telemetry.variant_totals();
+    let first = v1::SidecarReport { node_id: node_id.clone(), registration, seq: 1, load: vec![] };
+    let _ = tx.try_send(first);
+    let mut acks = match client.report(ReceiverStream::new(rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return format!("cannot open the report stream: {status}"),
+    };
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut seq = 1;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                seq += 1;
+                let now = sh.telemetry.variant_totals();
+                let report = v1::SidecarReport { node_id: node_id.clone(), registration: None, seq, load: load_delta(&last, &now) };
+                last = now;
+                if tx.send(report).await.is_err() {
+                    return "report stream closed".into();
+                }
+            }
+            ack = acks.message() => match ack {
+                Ok(Some(_)) => {}
+                Ok(None) => return "the control node closed the report stream".into(),
+                Err(status) => return format!("report stream error: {status}"),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_is_the_difference_between_readings() {
+        let t = |requests, errors, latency_us| VariantTotals { requests, errors, latency_us };
+        let before = BTreeMap::from([("a".to_string(), t(10, 1, 5_000)), ("b".to_string(), t(4, 0, 1_000))]);
+        let now = BTreeMap::from([
+            ("a".to_string(), t(15, 3, 9_000)),
+            ("b".to_string(), t(4, 0, 1_000)),
+            ("c".to_string(), t(2, 0, 500)),
+        ]);
+        let d = load_delta(&before, &now);
+        let got: Vec<_> = d.iter().map(|l| (l.variant.as_str(), l.requests, l.errors, l.latency_ms_sum)).collect();
+        assert_eq!(got, vec![("a", 5, 2, 4.0), ("c", 2, 0, 0.5)], "idle variants are left out");
+    }
+}
