@@ -1,0 +1,430 @@
+//! `weftctl`, the command-line client of the control plane's REST API
+//! (`docs/control-api.md`, section "weftctl"). The binary (`src/bin/weftctl.rs`) only calls
+//! [`main`].
+//!
+//! - `client`: HTTP/1.1 on hyper, trying each `--server` in turn, retrying `503` (elections).
+//! - `apply`: multi-document YAML → parse all, dry-run all, then write what changed.
+//! - `diff`: the line diff `apply --dry-run` prints.
+//! - `output`: tables, JSON and YAML.
+//!
+//! Exit codes: 0 success, 1 the server refused or could not be reached, 2 bad usage or input
+//! that never reached a server (flags, YAML, weights syntax).
+
+pub mod apply;
+pub mod client;
+pub mod diff;
+pub mod output;
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use http::Method;
+use serde_json::{Value, json};
+
+use crate::resources::Kind;
+use client::{Client, ClientError, Response, Server};
+use output::Format;
+
+/// Where `weftctl` looks when neither `--server` nor `WEFT_SERVER` says.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7700";
+
+#[derive(Debug, Parser)]
+#[command(name = "weftctl", version, about = "Command-line client of the weft control plane")]
+pub struct Args {
+    /// Control node(s) to talk to, tried in order until one answers (env WEFT_SERVER).
+    #[arg(long, global = true, value_name = "URL[,URL...]")]
+    pub server: Option<String>,
+    /// Bearer token, when the cluster runs with --tokens (env WEFT_TOKEN).
+    #[arg(long, global = true, value_name = "T")]
+    pub token: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or update resources from a multi-document YAML file of {kind, name, spec}.
+    Apply {
+        /// The file, or `-` for stdin.
+        #[arg(short = 'f', long = "filename", value_name = "FILE")]
+        file: String,
+        /// Show what would change, as a diff per document, and write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// List the resources of a kind, or show one.
+    Get { kind: String, name: Option<String> },
+    /// Delete a resource.
+    Delete { kind: String, name: String },
+    /// The revisions of a resource, oldest first.
+    History { kind: String, name: String },
+    /// Restore a resource to the spec it had at a revision (a new write).
+    Rollback {
+        kind: String,
+        name: String,
+        /// The revision to restore (see `history`).
+        #[arg(long, value_name = "REV")]
+        to: u64,
+    },
+    /// Experiment operations.
+    Experiment {
+        #[command(subcommand)]
+        command: ExperimentCommand,
+    },
+    /// Control-plane members (default: list them).
+    Members {
+        #[command(subcommand)]
+        command: Option<MembersCommand>,
+    },
+    /// Sidecars connected to any control node, with the config versions they ACKed.
+    ProxyStatus,
+    /// The state of the node that answers.
+    Status,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExperimentCommand {
+    /// Set variant weights in one write: `set-weights NAME a=90 b=10`.
+    SetWeights {
+        name: String,
+        #[arg(required = true, value_name = "VARIANT=WEIGHT")]
+        weights: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MembersCommand {
+    /// List the members.
+    List,
+    /// Add a node (as a voter unless --learner).
+    Add {
+        id: u64,
+        /// host:port of its API.
+        addr: String,
+        /// host:port of its xDS listener.
+        xds_addr: Option<String>,
+        /// Replicate to it without giving it a vote.
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a node.
+    Remove { id: u64 },
+}
+
+/// Why a command failed: bad input (exit 2) or a request the server refused or that reached
+/// no server (exit 1). The message may span lines; each is printed as `error: ...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CliError {
+    Usage(String),
+    Request(String),
+}
+
+impl CliError {
+    pub fn request(e: ClientError) -> CliError {
+        CliError::Request(e.to_string())
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => 2,
+            CliError::Request(_) => 1,
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            CliError::Usage(m) | CliError::Request(m) => m,
+        }
+    }
+}
+
+/// The server's error of a non-2xx answer, as printed: `message (field: f)`.
+pub(crate) fn api_error(r: &Response) -> String {
+    r.error_line()
+}
+
+/// The body of a 2xx answer, or the server's error.
+pub(crate) fn ok_or_api_error(r: Response) -> Result<Value, CliError> {
+    if r.status.is_success() { Ok(r.body) } else { Err(CliError::Request(api_error(&r))) }
+}
+
+/// Writes to stdout; a closed pipe (`weftctl get services | head -1`) is not an error worth
+/// a panic, so write errors are ignored.
+pub(crate) fn out(s: impl AsRef<str>) {
+    if cfg!(test) {
+        // Through the macro, which the test harness captures.
+        print!("{}", s.as_ref());
+        return;
+    }
+    let _ = std::io::stdout().lock().write_all(s.as_ref().as_bytes());
+}
+
+/// One line to stderr, likewise ignoring a closed stream.
+pub(crate) fn err_line(s: impl AsRef<str>) {
+    if cfg!(test) {
+        eprintln!("{}", s.as_ref());
+        return;
+    }
+    let _ = writeln!(std::io::stderr().lock(), "{}", s.as_ref());
+}
+
+/// A kind from the command line, in any spelling `Kind::parse` accepts.
+pub fn parse_kind(s: &str) -> Result<Kind, CliError> {
+    Kind::parse(s).ok_or_else(|| {
+        let known: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+        CliError::Usage(format!("unknown kind {s:?}; expected one of {}", known.join(", ")))
+    })
+}
+
+/// A resource name from the command line, checked like the server checks it, so a name that
+/// could not even be put in a URL is a usage error rather than a failed request.
+pub fn parse_name(s: &str) -> Result<&str, CliError> {
+    crate::resources::check_name(s).map(|()| s).map_err(|e| CliError::Usage(e.to_string()))
+}
+
+/// `a=90 b=10` → `{"a": 90, "b": 10}`.
+pub fn parse_weights(args: &[String]) -> Result<serde_json::Map<String, Value>, CliError> {
+    let mut weights = serde_json::Map::new();
+    for a in args {
+        let bad = || CliError::Usage(format!("{a:?}: expected VARIANT=WEIGHT, e.g. a=90 (weights are whole numbers)"));
+        let (name, w) = a.split_once('=').ok_or_else(bad)?;
+        let (name, w) = (name.trim(), w.trim());
+        if name.is_empty() {
+            return Err(bad());
+        }
+        let w: u32 = w.parse().map_err(|_| bad())?;
+        if weights.insert(name.to_string(), json!(w)).is_some() {
+            return Err(CliError::Usage(format!("variant {name:?} is given twice")));
+        }
+    }
+    Ok(weights)
+}
+
+/// The client for the global flags and environment.
+fn client(args: &Args) -> Result<Client, CliError> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let servers = args.server.clone().or_else(|| env("WEFT_SERVER")).unwrap_or_else(|| DEFAULT_SERVER.to_string());
+    let servers = Server::parse_list(&servers).map_err(|e| CliError::Usage(format!("--server {e}")))?;
+    let token = args.token.clone().or_else(|| env("WEFT_TOKEN"));
+    Ok(Client::new(servers, token))
+}
+
+fn read_input(file: &str) -> Result<String, CliError> {
+    let mut text = String::new();
+    let r = if file == "-" {
+        std::io::stdin().read_to_string(&mut text).map(|_| ())
+    } else {
+        std::fs::File::open(file).and_then(|mut f| f.read_to_string(&mut text)).map(|_| ())
+    };
+    r.map_err(|e| CliError::Usage(format!("{}: {e}", if file == "-" { "stdin" } else { file })))?;
+    Ok(text)
+}
+
+/// GET/POST/... and the 2xx body, or the server's error.
+async fn call(c: &mut Client, method: Method, path: &str, body: Option<&Value>) -> Result<Value, CliError> {
+    let r = c.request(method, path, body, None).await.map_err(CliError::request)?;
+    ok_or_api_error(r)
+}
+
+/// Prints `value` as JSON/YAML, or the table `table` renders from it.
+fn show(format: Format, value: &Value, table: impl FnOnce(&Value) -> String) {
+    match output::structured(format, value) {
+        Some(s) => out(s),
+        None => out(table(value)),
+    }
+}
+
+fn warnings(object: &str, body: &Value) {
+    for w in body["warnings"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+        err_line(format!("warning: {object}: {w}"));
+    }
+}
+
+/// Runs one parsed command line.
+pub async fn run(args: Args) -> Result<(), CliError> {
+    let format = args.output;
+    // Input is checked before any connection: a bad file never reaches a server.
+    let docs = match &args.command {
+        Command::Apply { file, .. } => Some(apply::parse_docs(&read_input(file)?).map_err(CliError::Usage)?),
+        _ => None,
+    };
+    let mut c = client(&args)?;
+    match args.command {
+        Command::Apply { dry_run, .. } => apply::run(&mut c, docs.unwrap_or_default(), dry_run, format).await,
+        Command::Get { kind, name } => {
+            let kind = parse_kind(&kind)?;
+            match name {
+                Some(name) => {
+                    let name = parse_name(&name)?;
+                    let item = call(&mut c, Method::GET, &format!("/v1/{kind}/{name}"), None).await?;
+                    show(format, &item, |v| output::items_table(kind, std::slice::from_ref(v)));
+                }
+                None => {
+                    let list = call(&mut c, Method::GET, &format!("/v1/{kind}"), None).await?;
+                    let items = list["items"].as_array().cloned().unwrap_or_default();
+                    show(format, &Value::Array(items.clone()), |_| output::items_table(kind, &items));
+                }
+            }
+            Ok(())
+        }
+        Command::Delete { kind, name } => {
+            let (kind, name) = (parse_kind(&kind)?, parse_name(&name)?);
+            let body = call(&mut c, Method::DELETE, &format!("/v1/{kind}/{name}"), None).await?;
+            show(format, &body, |b| {
+                format!("{} deleted (revision {})\n", output::object(kind, name), output::cell(&b["revision"]))
+            });
+            Ok(())
+        }
+        Command::History { kind, name } => {
+            let (kind, name) = (parse_kind(&kind)?, parse_name(&name)?);
+            let body = call(&mut c, Method::GET, &format!("/v1/{kind}/{name}/history"), None).await?;
+            let items = body["items"].as_array().cloned().unwrap_or_default();
+            show(format, &Value::Array(items.clone()), |_| output::history_table(kind, &items));
+            Ok(())
+        }
+        Command::Rollback { kind, name, to } => {
+            let (kind, name) = (parse_kind(&kind)?, parse_name(&name)?);
+            let path = format!("/v1/{kind}/{name}/rollback");
+            let body = call(&mut c, Method::POST, &path, Some(&json!({ "revision": to }))).await?;
+            show(format, &body, |b| {
+                format!(
+                    "{} rolled back to revision {to} (revision {})\n",
+                    output::object(kind, name),
+                    output::cell(&b["revision"])
+                )
+            });
+            Ok(())
+        }
+        Command::Experiment { command: ExperimentCommand::SetWeights { name, weights } } => {
+            let (name, weights) = (parse_name(&name)?, parse_weights(&weights)?);
+            let summary: Vec<String> = weights.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let path = format!("/v1/experiments/{name}/weights");
+            let body = call(&mut c, Method::POST, &path, Some(&json!({ "weights": weights }))).await?;
+            let object = output::object(Kind::Experiments, name);
+            warnings(&object, &body);
+            show(format, &body, |b| {
+                let what = if b["changed"] == Value::Bool(false) { "unchanged" } else { "weights set" };
+                format!("{object} {what}: {} (revision {})\n", summary.join(" "), output::cell(&b["revision"]))
+            });
+            Ok(())
+        }
+        Command::Members { command } => {
+            let body = match command.unwrap_or(MembersCommand::List) {
+                MembersCommand::List => call(&mut c, Method::GET, "/v1/members", None).await?,
+                MembersCommand::Add { id, addr, xds_addr, learner } => {
+                    let mut b = json!({ "id": id, "addr": addr, "voter": !learner });
+                    if let Some(x) = xds_addr {
+                        b["xds_addr"] = json!(x);
+                    }
+                    call(&mut c, Method::POST, "/v1/members", Some(&b)).await?
+                }
+                MembersCommand::Remove { id } => {
+                    call(&mut c, Method::DELETE, &format!("/v1/members/{id}"), None).await?
+                }
+            };
+            show(format, &body, output::members_table);
+            Ok(())
+        }
+        Command::ProxyStatus => {
+            let body = call(&mut c, Method::GET, "/v1/proxies", None).await?;
+            for u in body["unreachable"].as_array().into_iter().flatten() {
+                err_line(format!(
+                    "warning: control node {} ({}) did not answer; its sidecars are missing: {}",
+                    output::cell(&u["id"]),
+                    output::cell(&u["addr"]),
+                    output::cell(&u["error"])
+                ));
+            }
+            show(format, &body, output::proxies_table);
+            Ok(())
+        }
+        Command::Status => {
+            let body = call(&mut c, Method::GET, "/v1/status", None).await?;
+            show(format, &body, output::status_table);
+            Ok(())
+        }
+    }
+}
+
+/// The whole program: flags (clap exits 2 on bad usage), a current-thread runtime (one
+/// request at a time needs no more), and `error: ...` lines with the exit code on failure.
+pub fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            err_line(format!("error: starting the runtime: {e}"));
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            for line in e.message().lines() {
+                err_line(format!("error: {line}"));
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_from_the_command_line() {
+        for (s, k) in [
+            ("services", Kind::Services),
+            ("Service", Kind::Services),
+            ("Cluster", Kind::Clusters),
+            ("endpoints", Kind::Endpoints),
+            ("experiment", Kind::Experiments),
+        ] {
+            assert_eq!(parse_kind(s), Ok(k), "{s}");
+        }
+        let e = parse_kind("pods").unwrap_err();
+        assert_eq!(
+            e,
+            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services".into())
+        );
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn weights_syntax() {
+        let w = parse_weights(&["a=90".into(), " b = 10".into()]).unwrap();
+        assert_eq!(Value::Object(w), json!({"a": 90, "b": 10}));
+        for bad in ["a", "=5", "a=-1", "a=x", "a=1.5"] {
+            assert!(matches!(parse_weights(&[bad.into()]), Err(CliError::Usage(_))), "{bad}");
+        }
+        assert!(parse_weights(&["a=1".into(), "a=2".into()]).unwrap_err().message().contains("twice"));
+        assert_eq!(parse_name("chat-a.v2"), Ok("chat-a.v2"));
+        for bad in ["a b", "a/b", "", "é"] {
+            assert!(matches!(parse_name(bad), Err(CliError::Usage(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn command_lines_parse() {
+        let a = Args::try_parse_from(["weftctl", "apply", "-f", "-", "--dry-run", "-o", "json"]).unwrap();
+        assert_eq!(a.output, Format::Json);
+        assert!(matches!(a.command, Command::Apply { ref file, dry_run: true } if file == "-"));
+        let a = Args::try_parse_from(["weftctl", "--server", "http://a:1,http://b:2", "members"]).unwrap();
+        assert!(matches!(a.command, Command::Members { command: None }));
+        let a = Args::try_parse_from(["weftctl", "members", "add", "2", "h:1", "--learner"]).unwrap();
+        assert!(matches!(
+            a.command,
+            Command::Members { command: Some(MembersCommand::Add { id: 2, learner: true, xds_addr: None, .. }) }
+        ));
+        let a = Args::try_parse_from(["weftctl", "rollback", "service", "chat", "--to", "5"]).unwrap();
+        assert!(matches!(a.command, Command::Rollback { to: 5, .. }));
+        assert!(Args::try_parse_from(["weftctl", "experiment", "set-weights", "ab"]).is_err(), "weights are required");
+        assert!(Args::try_parse_from(["weftctl", "-o", "xml", "status"]).is_err());
+        assert!(Args::try_parse_from(["weftctl", "rollback", "service", "chat", "--to", "x"]).is_err());
+    }
+}

@@ -1,0 +1,392 @@
+//! How `weftctl` prints: aligned tables for people, JSON or YAML for scripts. Everything here
+//! turns server JSON into a `String` (pure), so the layouts are unit-tested without a server.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use crate::resources::Kind;
+
+/// `-o`: the output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    Yaml,
+}
+
+/// `value` as pretty JSON or YAML (each ending in a newline); `None` for `Table`, whose layout
+/// depends on the command.
+pub fn structured(format: Format, value: &Value) -> Option<String> {
+    match format {
+        Format::Table => None,
+        Format::Json => Some(serde_json::to_string_pretty(value).unwrap_or_default() + "\n"),
+        Format::Yaml => Some(to_yaml(value)),
+    }
+}
+
+/// `value` as YAML. Serializing a `serde_json::Value` cannot fail (its map keys are strings).
+pub fn to_yaml(value: &Value) -> String {
+    serde_norway::to_string(value).unwrap_or_default()
+}
+
+/// Left-aligned columns separated by three spaces, headers as given. Cells are padded by
+/// character count, so non-ASCII names stay aligned in a monospace terminal.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if i < widths.len() {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, cell) in cells.enumerate().take(widths.len()) {
+            if i > 0 {
+                l.push_str("   ");
+            }
+            l.push_str(cell);
+            if i + 1 < widths.len() {
+                l.extend(std::iter::repeat_n(' ', widths[i] - cell.chars().count()));
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut headers.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+/// `kind/name` as `weftctl` prints it: the singular, lower-case YAML kind (`service/chat`).
+pub fn object(kind: Kind, name: &str) -> String {
+    format!("{}/{name}", kind.yaml_kind().to_ascii_lowercase())
+}
+
+/// A scalar as a table cell: strings bare, null as `-`.
+pub fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Longest summary cell, so a table row stays on one line.
+const SUMMARY_MAX: usize = 72;
+
+fn shorten(s: String) -> String {
+    if s.chars().count() <= SUMMARY_MAX {
+        return s;
+    }
+    let mut t: String = s.chars().take(SUMMARY_MAX - 1).collect();
+    t.push('…');
+    t
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array().map(|a| a.iter().map(cell).collect()).unwrap_or_default()
+}
+
+/// A one-line description of a spec: what a person scans a list for.
+pub fn summary(kind: Kind, spec: &Value) -> String {
+    let s = match kind {
+        Kind::Services => {
+            let routes: Vec<String> = spec["routes"]
+                .as_array()
+                .map(|rs| {
+                    rs.iter()
+                        .map(|r| {
+                            let to = match (&r["cluster"], &r["experiment"]) {
+                                (Value::String(c), _) => c.clone(),
+                                (_, Value::String(e)) => format!("experiment/{e}"),
+                                _ => "?".into(),
+                            };
+                            format!("{}→{to}", cell(&r["name"]))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            format!("hosts={} routes={}", strings(&spec["hosts"]).join(","), routes.join(","))
+        }
+        Kind::Experiments => {
+            let variants: Vec<String> = spec["variants"]
+                .as_array()
+                .map(|vs| vs.iter().map(|v| format!("{}={}", cell(&v["name"]), cell(&v["weight"]))).collect())
+                .unwrap_or_default();
+            let mut s = variants.join(" ");
+            if let Value::String(c) = &spec["shadow"]["cluster"] {
+                s.push_str(&format!(" shadow→{c}"));
+            }
+            s
+        }
+        Kind::Clusters => {
+            let mut parts = Vec::new();
+            for key in ["lb", "protocol"] {
+                if let Value::String(v) = &spec[key] {
+                    parts.push(format!("{key}={v}"));
+                }
+            }
+            parts.push(format!("endpoints={}", strings(&spec["endpoints"]).join(",")));
+            parts.join(" ")
+        }
+        Kind::Endpoints => {
+            let eps: Vec<String> = spec["endpoints"]
+                .as_array()
+                .map(|es| {
+                    es.iter()
+                        .map(|e| match &e["variant"] {
+                            Value::String(v) if !v.is_empty() => format!("{}({v})", cell(&e["address"])),
+                            _ => cell(&e["address"]),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            format!("endpoints={}", eps.join(","))
+        }
+    };
+    shorten(s)
+}
+
+/// `GET /v1/{kind}` items (or one item) as KIND NAME REVISION SUMMARY.
+pub fn items_table(kind: Kind, items: &[Value]) -> String {
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|it| {
+            vec![
+                kind.yaml_kind().to_ascii_lowercase(),
+                cell(&it["name"]),
+                cell(&it["revision"]),
+                summary(kind, &it["spec"]),
+            ]
+        })
+        .collect();
+    table(&["KIND", "NAME", "REVISION", "SUMMARY"], &rows)
+}
+
+/// History items (oldest first) as REVISION SUMMARY; a `null` spec is a deletion.
+pub fn history_table(kind: Kind, items: &[Value]) -> String {
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|it| {
+            let what = if it["spec"].is_null() { "deleted".to_string() } else { summary(kind, &it["spec"]) };
+            vec![cell(&it["revision"]), what]
+        })
+        .collect();
+    table(&["REVISION", "SUMMARY"], &rows)
+}
+
+/// The members view as ID ADDR XDS_ADDR ROLE.
+pub fn members_table(view: &Value) -> String {
+    let leader = view["leader"].as_u64();
+    let rows: Vec<Vec<String>> = view["members"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .map(|m| {
+                    let mut role = if m["voter"] == Value::Bool(true) { "voter" } else { "learner" }.to_string();
+                    if m["id"].as_u64().is_some_and(|id| Some(id) == leader) {
+                        role.push_str(" (leader)");
+                    }
+                    let xds = match &m["xds_addr"] {
+                        Value::String(s) if !s.is_empty() => s.clone(),
+                        _ => "-".into(),
+                    };
+                    vec![cell(&m["id"]), cell(&m["addr"]), xds, role]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = table(&["ID", "ADDR", "XDS_ADDR", "ROLE"], &rows);
+    out.push_str(&format!("term {}, leader {}\n", cell(&view["term"]), cell(&view["leader"])));
+    out
+}
+
+/// The short name of an xDS type URL: its last segment, lower-case, plural
+/// (`type.googleapis.com/weft.v1.Cluster` → `clusters`).
+pub fn short_type(type_url: &str) -> String {
+    let last = type_url.rsplit(['/', '.']).next().unwrap_or(type_url).to_ascii_lowercase();
+    if last.ends_with('s') { last } else { last + "s" }
+}
+
+/// The types every table shows, in apply order, even before any sidecar ACKed one.
+const PROXY_TYPES: [&str; 4] = ["clusters", "endpoints", "experiments", "services"];
+
+/// `GET /v1/proxies` as NODE CONTROL CONNECTED, the last ACKed version per type, LAST NACK.
+pub fn proxies_table(view: &Value) -> String {
+    let items = view["items"].as_array().cloned().unwrap_or_default();
+    // Extra types (listeners, …) get a column once some sidecar reports one.
+    let mut extra = BTreeSet::new();
+    for it in &items {
+        if let Some(acked) = it["acked"].as_object() {
+            for t in acked.keys().map(|t| short_type(t)) {
+                if !PROXY_TYPES.contains(&t.as_str()) {
+                    extra.insert(t);
+                }
+            }
+        }
+    }
+    let types: Vec<String> = PROXY_TYPES.iter().map(|t| t.to_string()).chain(extra).collect();
+    let mut headers: Vec<String> = vec!["NODE".into(), "CONTROL".into(), "CONNECTED".into()];
+    headers.extend(types.iter().map(|t| t.to_ascii_uppercase()));
+    headers.push("LAST NACK".into());
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|it| {
+            let mut row = vec![
+                cell(&it["node_id"]),
+                cell(&it["control_node"]),
+                if it["connected"] == Value::Bool(true) { "yes" } else { "no" }.to_string(),
+            ];
+            for t in &types {
+                let v = it["acked"]
+                    .as_object()
+                    .and_then(|a| a.iter().find(|(url, _)| &short_type(url) == t))
+                    .map(|(_, v)| cell(v))
+                    .unwrap_or_else(|| "-".into());
+                row.push(v);
+            }
+            row.push(match &it["nack"] {
+                Value::Object(n) => format!(
+                    "{} {}: {}",
+                    short_type(n.get("type_url").and_then(Value::as_str).unwrap_or("?")),
+                    cell(n.get("version").unwrap_or(&Value::Null)),
+                    cell(n.get("error").unwrap_or(&Value::Null))
+                ),
+                _ => "-".into(),
+            });
+            row
+        })
+        .collect();
+    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+    table(&headers, &rows)
+}
+
+/// `GET /v1/status` as FIELD VALUE lines, in the documented order, then any others.
+pub fn status_table(status: &Value) -> String {
+    const ORDER: [&str; 8] =
+        ["id", "role", "leader", "term", "last_log_index", "last_applied", "snapshot", "xds_revision"];
+    let mut rows: Vec<Vec<String>> = ORDER.iter().map(|k| vec![k.to_string(), cell(&status[*k])]).collect();
+    if let Some(obj) = status.as_object() {
+        for (k, v) in obj.iter().filter(|(k, _)| !ORDER.contains(&k.as_str())) {
+            rows.push(vec![k.clone(), cell(v)]);
+        }
+    }
+    table(&["FIELD", "VALUE"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tables_align_and_trim() {
+        let t = table(&["A", "LONGER"], &[vec!["xyz".into(), "1".into()], vec!["é".into(), "".into()]]);
+        assert_eq!(t, "A     LONGER\nxyz   1\né\n");
+    }
+
+    #[test]
+    fn summaries_per_kind() {
+        let svc = json!({"hosts": ["chat", "chat.svc"], "routes": [
+            {"name": "infer", "experiment": "ab"}, {"name": "default", "cluster": "c1"}]});
+        assert_eq!(summary(Kind::Services, &svc), "hosts=chat,chat.svc routes=infer→experiment/ab,default→c1");
+        let exp = json!({"variants": [{"name": "a", "weight": 90}, {"name": "b", "weight": 10}], "shadow": null});
+        assert_eq!(summary(Kind::Experiments, &exp), "a=90 b=10");
+        let cl = json!({"lb": "p2c_ewma", "protocol": "http1", "endpoints": ["10.0.0.1:80", "10.0.0.2:80"]});
+        assert_eq!(summary(Kind::Clusters, &cl), "lb=p2c_ewma protocol=http1 endpoints=10.0.0.1:80,10.0.0.2:80");
+        let eps = json!({"endpoints": [{"address": "h:1", "variant": "a"}, {"address": "h:2", "variant": ""}]});
+        assert_eq!(summary(Kind::Endpoints, &eps), "endpoints=h:1(a),h:2");
+        // Malformed specs still summarize without panicking.
+        assert_eq!(summary(Kind::Services, &json!(null)), "hosts= routes=");
+        let long = json!({"endpoints": (0..40).map(|i| format!("10.0.0.{i}:8080")).collect::<Vec<_>>()});
+        let s = summary(Kind::Clusters, &long);
+        assert_eq!(s.chars().count(), SUMMARY_MAX);
+        assert!(s.ends_with('…'));
+    }
+
+    #[test]
+    fn items_and_history() {
+        let items = [json!({"kind": "clusters", "name": "c1", "revision": 7, "spec": {"endpoints": ["h:1"]}})];
+        assert_eq!(
+            items_table(Kind::Clusters, &items),
+            "KIND      NAME   REVISION   SUMMARY\ncluster   c1     7          endpoints=h:1\n"
+        );
+        let hist = [json!({"revision": 3, "spec": {"endpoints": []}}), json!({"revision": 5, "spec": null})];
+        assert_eq!(
+            history_table(Kind::Clusters, &hist),
+            "REVISION   SUMMARY\n3          endpoints=\n5          deleted\n"
+        );
+    }
+
+    #[test]
+    fn type_urls_shorten() {
+        assert_eq!(short_type("type.googleapis.com/weft.v1.Cluster"), "clusters");
+        assert_eq!(short_type("type.googleapis.com/weft.v1.Endpoints"), "endpoints");
+        assert_eq!(short_type("type.googleapis.com/weft.v1.Service"), "services");
+        assert_eq!(short_type("Experiment"), "experiments");
+    }
+
+    #[test]
+    fn proxy_status_columns() {
+        let v = json!({"items": [
+            {"node_id": "side-1", "control_node": 1, "connected": true,
+             "acked": {"type.googleapis.com/weft.v1.Cluster": "12", "type.googleapis.com/weft.v1.Listener": "3"},
+             "nack": {"type_url": "type.googleapis.com/weft.v1.Service", "version": "13", "error": "unknown cluster x"}},
+            {"node_id": "side-2", "control_node": 2, "connected": false, "acked": {}, "nack": null}
+        ]});
+        let t = proxies_table(&v);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines[0].split_whitespace().collect::<Vec<_>>(),
+            [
+                "NODE",
+                "CONTROL",
+                "CONNECTED",
+                "CLUSTERS",
+                "ENDPOINTS",
+                "EXPERIMENTS",
+                "SERVICES",
+                "LISTENERS",
+                "LAST",
+                "NACK"
+            ]
+        );
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>(),
+            ["side-1", "1", "yes", "12", "-", "-", "-", "3", "services", "13:", "unknown", "cluster", "x"]
+        );
+        assert_eq!(
+            lines[2].split_whitespace().collect::<Vec<_>>(),
+            ["side-2", "2", "no", "-", "-", "-", "-", "-", "-"]
+        );
+        assert_eq!(proxies_table(&json!({"items": []})).lines().count(), 1);
+    }
+
+    #[test]
+    fn members_and_status() {
+        let v = json!({"leader": 1, "term": 4, "members": [
+            {"id": 1, "addr": "a:1", "xds_addr": "a:2", "voter": true},
+            {"id": 2, "addr": "b:1", "xds_addr": "", "voter": false}]});
+        let t = members_table(&v);
+        assert!(t.contains("voter (leader)"), "{t}");
+        assert!(t.lines().nth(2).unwrap().ends_with("-          learner"), "{t}");
+        assert!(t.ends_with("term 4, leader 1\n"));
+        let s = status_table(&json!({"id": 1, "role": "leader", "leader": 1, "snapshot": null, "extra": true}));
+        assert!(s.contains("snapshot         -\n"), "{s}");
+        assert!(s.ends_with("extra            true\n"), "{s}");
+    }
+
+    #[test]
+    fn structured_formats() {
+        let v = json!({"a": [1, "x"]});
+        assert_eq!(structured(Format::Json, &v).unwrap(), "{\n  \"a\": [\n    1,\n    \"x\"\n  ]\n}\n");
+        assert_eq!(structured(Format::Yaml, &v).unwrap(), "a:\n- 1\n- x\n");
+        assert!(structured(Format::Table, &v).is_none());
+    }
+}

@@ -1,0 +1,350 @@
+//! `weftctl` against a real single-node control plane started in-process: the built binary is
+//! run as a user would run it, and the server's state is checked before and after each
+//! command that must (or must not) change it.
+//!
+//! - `apply_is_validated_ordered_and_idempotent`: create, re-apply (unchanged, same
+//!   revisions), `--dry-run` (a diff, no change), invalid YAML / a bad field / an unknown kind
+//!   (clear error, non-zero exit, nothing written), then a real update.
+//! - `get_history_rollback_weights_delete_round_trip`: the other resource commands, their
+//!   table and JSON output, and their errors.
+//! - `cluster_commands_and_server_failover`: status, members, proxy-status, a dead first
+//!   `--server` skipped, and every server dead.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use weft_control::server::{self, Options, Running};
+
+/// Everything a test needs: the node (kept running) and its data directory.
+struct Node {
+    running: Running,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Node {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = Options::new(1, "127.0.0.1:0".parse().unwrap(), "127.0.0.1:0".parse().unwrap(), dir.path().into());
+    opts.init = true;
+    let running = server::start(opts).await.expect("node starts");
+    let url = format!("http://{}", running.api_addr);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let o = ctl(&url, &["status", "-o", "json"], None).await;
+        if o.code == 0 && serde_json::from_str::<Value>(&o.stdout).is_ok_and(|s| s["leader"] == 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no leader within 10 s: {o:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Node { running, url, _dir: dir }
+}
+
+#[derive(Debug)]
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the weftctl binary (off the runtime's threads, so the in-process server keeps serving).
+async fn ctl(server: &str, args: &[&str], stdin: Option<&str>) -> Out {
+    let server = server.to_string();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let stdin = stdin.map(str::to_string);
+    tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_weftctl"));
+        cmd.arg("--server").arg(&server).args(&args);
+        cmd.env_remove("WEFT_SERVER").env_remove("WEFT_TOKEN");
+        cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("weftctl runs");
+        if let Some(text) = stdin {
+            child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        }
+        let o = child.wait_with_output().unwrap();
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// `weftctl` that must succeed.
+async fn ok(server: &str, args: &[&str]) -> String {
+    let o = ctl(server, args, None).await;
+    assert_eq!(o.code, 0, "weftctl {args:?}: {o:?}");
+    o.stdout
+}
+
+async fn json(server: &str, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.extend(["-o", "json"]);
+    let out = ok(server, &a).await;
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("weftctl {a:?} is not JSON ({e}): {out}"))
+}
+
+/// `kind/name → revision` of everything stored: equal before and after = nothing written.
+async fn revisions(server: &str) -> BTreeMap<String, u64> {
+    let mut all = BTreeMap::new();
+    for kind in ["clusters", "endpoints", "experiments", "services"] {
+        for it in json(server, &["get", kind]).await.as_array().unwrap() {
+            all.insert(format!("{kind}/{}", it["name"].as_str().unwrap()), it["revision"].as_u64().unwrap());
+        }
+    }
+    all
+}
+
+fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
+    let p = dir.path().join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+/// Dependencies last on purpose: apply must order them.
+const APP: &str = "\
+kind: Service
+name: chat
+spec:
+  hosts: [chat]
+  routes:
+    - name: infer
+      match: { path_prefix: /v1/ }
+      experiment: chat-ab
+    - name: default
+      match: { path_prefix: / }
+      cluster: chat-a
+---
+kind: Experiment
+name: chat-ab
+spec:
+  variants:
+    - { name: a, cluster: chat-a, weight: 50 }
+    - { name: b, cluster: chat-b, weight: 50 }
+---
+kind: Cluster
+name: chat-a
+spec:
+  endpoints: [\"127.0.0.1:8001\"]
+---
+kind: Cluster
+name: chat-b
+spec:
+  endpoints: [\"127.0.0.1:8002\"]
+---
+kind: Endpoints
+name: chat-b
+spec:
+  endpoints:
+    - { address: \"127.0.0.1:8003\", variant: b }
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_is_validated_ordered_and_idempotent() {
+    let node = start().await;
+    let url = node.url.as_str();
+    let files = tempfile::tempdir().unwrap();
+    let app = write(&files, "app.yaml", APP);
+
+    // Create: dependencies first, no dangling-reference warnings.
+    let o = ctl(url, &["apply", "-f", &app], None).await;
+    assert_eq!(o.code, 0, "{o:?}");
+    let order: Vec<&str> = o.stdout.lines().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(order, ["cluster/chat-a", "cluster/chat-b", "endpoints/chat-b", "experiment/chat-ab", "service/chat"]);
+    assert!(o.stdout.lines().all(|l| l.contains(" created (revision ")), "{}", o.stdout);
+    assert!(!o.stderr.contains("warning"), "{}", o.stderr);
+    let created = revisions(url).await;
+    assert_eq!(created.len(), 5, "{created:?}");
+
+    // Re-apply (from stdin): unchanged, nothing written.
+    let o = ctl(url, &["apply", "-f", "-"], Some(APP)).await;
+    assert_eq!(o.code, 0, "{o:?}");
+    assert_eq!(o.stdout.lines().filter(|l| l.ends_with(" unchanged")).count(), 5, "{}", o.stdout);
+    assert_eq!(revisions(url).await, created);
+
+    // --dry-run of a change: a diff for the changed document, nothing written.
+    let changed = APP.replace("127.0.0.1:8001", "127.0.0.1:8009");
+    let changed_file = write(&files, "changed.yaml", &changed);
+    let o = ctl(url, &["apply", "-f", &changed_file, "--dry-run"], None).await;
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stdout.contains("cluster/chat-a configured (dry run)\n"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains(&format!("--- cluster/chat-a (revision {})\n", created["clusters/chat-a"])),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("+++ cluster/chat-a (proposed)\n"), "{}", o.stdout);
+    assert!(o.stdout.contains("\n-- 127.0.0.1:8001\n+- 127.0.0.1:8009\n"), "{}", o.stdout);
+    assert!(o.stdout.contains("service/chat unchanged\n"), "{}", o.stdout);
+    assert_eq!(revisions(url).await, created);
+    let dry = json(url, &["apply", "-f", &changed_file, "--dry-run"]).await;
+    assert_eq!(dry.as_array().unwrap().iter().filter(|r| r["action"] == "configured").count(), 1, "{dry}");
+
+    // Invalid YAML in the second document: a parse error naming it, nothing written (the
+    // valid first document included).
+    let bad_yaml = write(
+        &files,
+        "bad.yaml",
+        "kind: Cluster\nname: new-one\nspec: {endpoints: [\"127.0.0.1:9\"]}\n---\nkind: Service\nname: s\nspec:\n  hosts: [a\n  routes: x\n",
+    );
+    let o = ctl(url, &["apply", "-f", &bad_yaml], None).await;
+    assert_eq!(o.code, 2, "{o:?}");
+    assert!(o.stderr.starts_with("error: document 2 (line 4): invalid YAML: "), "{}", o.stderr);
+    assert_eq!(o.stdout, "");
+    assert_eq!(revisions(url).await, created);
+
+    // A document the server refuses: its error and field, nothing written.
+    let bad_field = changed.replace("path_prefix: /v1/", "path_prefix: noslash");
+    let bad_field = write(&files, "bad-field.yaml", &bad_field);
+    let o = ctl(url, &["apply", "-f", &bad_field], None).await;
+    assert_eq!(o.code, 1, "{o:?}");
+    let first = o.stderr.lines().next().unwrap_or_default();
+    assert!(first.starts_with("error: document 1 (service/chat): "), "{}", o.stderr);
+    assert!(first.contains("noslash") && first.contains("(field: routes"), "{}", o.stderr);
+    assert!(o.stderr.contains("error: nothing was applied"), "{}", o.stderr);
+    assert_eq!(revisions(url).await, created, "the valid cluster change was not written either");
+
+    // An unknown kind: a usage error before any request.
+    let pod = write(&files, "pod.yaml", &format!("{APP}---\nkind: Pod\nname: p\nspec: {{}}\n"));
+    let o = ctl(url, &["apply", "-f", &pod], None).await;
+    assert_eq!(o.code, 2, "{o:?}");
+    assert!(o.stderr.contains("document 6 (line 35): unknown kind \"Pod\""), "{}", o.stderr);
+    let o = ctl(url, &["apply", "-f", "/nonexistent/weft.yaml"], None).await;
+    assert_eq!(o.code, 2, "{o:?}");
+    assert_eq!(revisions(url).await, created);
+
+    // The real update: only the changed document is written.
+    let o = ctl(url, &["apply", "-f", &changed_file], None).await;
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stdout.contains("cluster/chat-a configured (revision "), "{}", o.stdout);
+    let after = revisions(url).await;
+    for (k, rev) in &after {
+        if k == "clusters/chat-a" {
+            assert!(*rev > created[k]);
+        } else {
+            assert_eq!(*rev, created[k], "{k}");
+        }
+    }
+    node.running.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_history_rollback_weights_delete_round_trip() {
+    let node = start().await;
+    let url = node.url.as_str();
+    let o = ctl(url, &["apply", "-f", "-"], Some(APP)).await;
+    assert_eq!(o.code, 0, "{o:?}");
+
+    // get: table and JSON.
+    let t = ok(url, &["get", "clusters"]).await;
+    let lines: Vec<&str> = t.lines().collect();
+    assert_eq!(lines[0].split_whitespace().collect::<Vec<_>>(), ["KIND", "NAME", "REVISION", "SUMMARY"]);
+    assert!(
+        lines[1].starts_with("cluster ")
+            && lines[1].contains("chat-a")
+            && lines[1].ends_with("endpoints=127.0.0.1:8001"),
+        "{t}"
+    );
+    let exp = json(url, &["get", "experiment", "chat-ab"]).await;
+    assert_eq!(exp["spec"]["variants"][0]["weight"], 50);
+    let yaml = ok(url, &["get", "service", "chat", "-o", "yaml"]).await;
+    assert!(yaml.contains("name: chat\n") && yaml.contains("path_prefix: /v1/"), "{yaml}");
+    let o = ctl(url, &["get", "service", "nope"], None).await;
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stderr.starts_with("error: ") && o.stderr.contains("does not exist"), "{}", o.stderr);
+    let o = ctl(url, &["get", "pods"], None).await;
+    assert_eq!(o.code, 2, "{o:?}");
+    let o = ctl(url, &["get", "service", "a b"], None).await;
+    assert_eq!(o.code, 2, "{o:?}");
+    assert!(o.stderr.contains("not a valid name"), "{}", o.stderr);
+
+    // set-weights, then history shows both revisions.
+    let r1 = exp["revision"].as_u64().unwrap();
+    let out = ok(url, &["experiment", "set-weights", "chat-ab", "a=90", "b=10"]).await;
+    assert!(out.starts_with("experiment/chat-ab weights set: a=90 b=10 (revision "), "{out}");
+    let exp = json(url, &["get", "experiment", "chat-ab"]).await;
+    let weights: Vec<&Value> = exp["spec"]["variants"].as_array().unwrap().iter().map(|v| &v["weight"]).collect();
+    assert_eq!(weights, [90, 10]);
+    let r2 = exp["revision"].as_u64().unwrap();
+    assert!(r2 > r1);
+    let o = ctl(url, &["experiment", "set-weights", "chat-ab", "c=1"], None).await;
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stderr.contains("(field: weights.c)"), "{}", o.stderr);
+    let o = ctl(url, &["experiment", "set-weights", "chat-ab", "a=lots"], None).await;
+    assert_eq!(o.code, 2, "{o:?}");
+
+    let hist = json(url, &["history", "experiment", "chat-ab"]).await;
+    let revs: Vec<u64> = hist.as_array().unwrap().iter().map(|h| h["revision"].as_u64().unwrap()).collect();
+    assert_eq!(revs, [r1, r2]);
+    let t = ok(url, &["history", "experiment", "chat-ab"]).await;
+    assert_eq!(
+        t.lines().nth(1).unwrap().split_whitespace().collect::<Vec<_>>(),
+        [r1.to_string().as_str(), "a=50", "b=50"]
+    );
+
+    // rollback restores revision 1's weights in a new revision.
+    let out = ok(url, &["rollback", "experiment", "chat-ab", "--to", &r1.to_string()]).await;
+    assert!(out.starts_with(&format!("experiment/chat-ab rolled back to revision {r1} (revision ")), "{out}");
+    let exp = json(url, &["get", "experiment", "chat-ab"]).await;
+    assert_eq!(exp["spec"]["variants"][0]["weight"], 50);
+    assert!(exp["revision"].as_u64().unwrap() > r2);
+    let o = ctl(url, &["rollback", "experiment", "chat-ab", "--to", "999999"], None).await;
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stderr.contains("(field: revision)"), "{}", o.stderr);
+
+    // delete, then the history ends in a deletion.
+    let out = ok(url, &["delete", "service", "chat"]).await;
+    assert!(out.starts_with("service/chat deleted (revision "), "{out}");
+    assert_eq!(ctl(url, &["get", "service", "chat"], None).await.code, 1);
+    let t = ok(url, &["history", "service", "chat"]).await;
+    assert!(t.trim_end().ends_with("deleted"), "{t}");
+    assert_eq!(json(url, &["get", "services"]).await, Value::Array(vec![]));
+    node.running.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_commands_and_server_failover() {
+    let node = start().await;
+    let url = node.url.as_str();
+
+    let status = json(url, &["status"]).await;
+    assert_eq!((status["id"].as_u64(), status["role"].as_str()), (Some(1), Some("leader")));
+    let t = ok(url, &["status"]).await;
+    assert!(t.lines().any(|l| l.split_whitespace().eq(["role", "leader"])), "{t}");
+
+    let t = ok(url, &["members"]).await;
+    assert!(t.contains(&node.running.api_addr.to_string()) && t.contains("voter (leader)"), "{t}");
+    let m = json(url, &["members", "list"]).await;
+    assert_eq!(m["leader"], 1);
+    let o = ctl(url, &["members", "remove", "1"], None).await;
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stderr.contains("last voter") && o.stderr.contains("(field: id)"), "{}", o.stderr);
+
+    let t = ok(url, &["proxy-status"]).await;
+    assert_eq!(
+        t.lines().next().unwrap().split_whitespace().collect::<Vec<_>>(),
+        ["NODE", "CONTROL", "CONNECTED", "CLUSTERS", "ENDPOINTS", "EXPERIMENTS", "SERVICES", "LAST", "NACK"]
+    );
+    assert!(json(url, &["proxy-status"]).await["items"].is_array());
+
+    // A dead first server is skipped; all dead is an error naming each.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let both = format!("http://{dead},{url}");
+    let s = json(&both, &["status"]).await;
+    assert_eq!(s["id"], 1);
+    let o = ctl(&format!("http://{dead}"), &["status"], None).await;
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stderr.starts_with("error: no control node answered: ") && o.stderr.contains(&dead), "{}", o.stderr);
+    let o = ctl("https://x:1", &["status"], None).await;
+    assert_eq!(o.code, 2, "{o:?}");
+    node.running.shutdown().await.unwrap();
+}
