@@ -177,7 +177,7 @@ fn harness(refs: &[(Kind, String, String)]) -> Config {
 }
 
 /// `host:port` with a numeric port; the host is resolved by each sidecar, not here.
-fn check_address(field: &str, addr: &str) -> Result<(), FieldError> {
+pub fn check_address(field: &str, addr: &str) -> Result<(), FieldError> {
     let ok = addr.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
     if ok { Ok(()) } else { Err(err(field, format!("{addr:?} is not a host:port address"))) }
 }

@@ -37,6 +37,10 @@ use crate::store::{Member, NodeId, TypeConfig};
 pub const APPEND_PATH: &str = "/raft/append";
 pub const VOTE_PATH: &str = "/raft/vote";
 pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
+/// The node id an RPC is meant for. A node refuses RPCs for another id: a member registered
+/// with a wrong address must not make a node take its own leader's messages (openraft
+/// asserts on that).
+pub const TARGET_HEADER: &str = "x-weft-raft-target";
 
 /// Hands out one [`HttpPeer`] per target; `token` is sent as a bearer token when the cluster
 /// runs with authentication (peers need the `admin` role).
@@ -110,7 +114,8 @@ impl HttpPeer {
         let fut = async {
             let mut req = http::Request::post(path)
                 .header(http::header::HOST, self.addr.as_str())
-                .header(http::header::CONTENT_TYPE, "application/json");
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .header(TARGET_HEADER, self.target);
             if let Some(t) = &self.token {
                 req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
             }

@@ -15,22 +15,44 @@ use serde_json::{Value, json};
 use super::{ApiError, ApiResult, AppState};
 use crate::store::{Member, NodeId, TypeConfig};
 
-pub async fn raft_append(
-    State(st): State<Arc<AppState>>,
-    Json(req): Json<AppendEntriesRequest<TypeConfig>>,
-) -> Json<Value> {
-    Json(json!(st.node.raft().append_entries(req).await))
+/// Refuses an RPC addressed to another node id (see `transport::TARGET_HEADER`).
+fn check_target(st: &AppState, headers: &http::HeaderMap) -> ApiResult<()> {
+    let target = headers.get(crate::transport::TARGET_HEADER).and_then(|v| v.to_str().ok());
+    match target.map(str::parse::<NodeId>) {
+        Some(Ok(t)) if t == st.node.id() => Ok(()),
+        Some(Ok(t)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("this is node {}, not node {t}: the member's address is wrong", st.node.id()),
+        )),
+        _ => Err(ApiError::field(StatusCode::BAD_REQUEST, crate::transport::TARGET_HEADER, "missing or not a node id")),
+    }
 }
 
-pub async fn raft_vote(State(st): State<Arc<AppState>>, Json(req): Json<VoteRequest<NodeId>>) -> Json<Value> {
-    Json(json!(st.node.raft().vote(req).await))
+pub async fn raft_append(
+    State(st): State<Arc<AppState>>,
+    headers: http::HeaderMap,
+    Json(req): Json<AppendEntriesRequest<TypeConfig>>,
+) -> ApiResult<Json<Value>> {
+    check_target(&st, &headers)?;
+    Ok(Json(json!(st.node.raft().append_entries(req).await)))
+}
+
+pub async fn raft_vote(
+    State(st): State<Arc<AppState>>,
+    headers: http::HeaderMap,
+    Json(req): Json<VoteRequest<NodeId>>,
+) -> ApiResult<Json<Value>> {
+    check_target(&st, &headers)?;
+    Ok(Json(json!(st.node.raft().vote(req).await)))
 }
 
 pub async fn raft_snapshot(
     State(st): State<Arc<AppState>>,
+    headers: http::HeaderMap,
     Json(req): Json<InstallSnapshotRequest<TypeConfig>>,
-) -> Json<Value> {
-    Json(json!(st.node.raft().install_snapshot(req).await))
+) -> ApiResult<Json<Value>> {
+    check_target(&st, &headers)?;
+    Ok(Json(json!(st.node.raft().install_snapshot(req).await)))
 }
 
 /// A write of control-plane bookkeeping (sidecar registrations) from another node, which
@@ -82,19 +104,32 @@ fn yes() -> bool {
     true
 }
 
-pub async fn add_member(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
+/// How long adding a member waits for it to catch up with the log before answering 202.
+const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+pub async fn add_member(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResult<(StatusCode, Json<Value>)> {
     let b: AddMember = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, format!("member: {e}")))?;
     if b.id == 0 {
         return Err(ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, "id", "node ids start at 1"));
     }
-    if b.addr.parse::<std::net::SocketAddr>().is_err() && !b.addr.contains(':') {
-        return Err(ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, "addr", format!("{:?} is not host:port", b.addr)));
+    for (field, addr) in [("addr", &b.addr), ("xds_addr", &b.xds_addr)] {
+        if field == "addr" || !addr.is_empty() {
+            crate::resources::check_address(field, addr)
+                .map_err(|e| ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, &e.field, &e.message))?;
+        }
     }
     let view = st.node.members();
+    if let Some(m) = view.members.iter().find(|m| m.addr == b.addr && m.id != b.id) {
+        return Err(ApiError::field(
+            StatusCode::CONFLICT,
+            "addr",
+            format!("{} is the address of member {}; two members cannot share one", b.addr, m.id),
+        ));
+    }
     if let Some(m) = view.members.iter().find(|m| m.id == b.id) {
         if m.addr == b.addr && m.voter == b.voter {
-            return Ok(Json(json!(view)));
+            return Ok((StatusCode::OK, Json(json!(view))));
         }
         if m.addr != b.addr {
             return Err(ApiError::field(
@@ -104,8 +139,21 @@ pub async fn add_member(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResu
             ));
         }
     }
-    st.node.add_member(b.id, Member { addr: b.addr, xds_addr: b.xds_addr }, b.voter).await?;
-    Ok(Json(json!(st.node.members())))
+    let (id, addr) = (b.id, b.addr.clone());
+    let adding = st.node.add_member(b.id, Member { addr: b.addr, xds_addr: b.xds_addr }, b.voter);
+    match tokio::time::timeout(CATCH_UP_WAIT, adding).await {
+        Ok(done) => done?,
+        Err(_) => {
+            // Accepted, not finished: it stays a learner (no vote, not in any quorum) until
+            // the same request is repeated once the node runs and has caught up.
+            let mut view = json!(st.node.members());
+            view["pending"] = json!(format!(
+                "node {id} was added as a learner but did not catch up within {CATCH_UP_WAIT:?} (is it running at {addr}?); repeat this request to make it a voter"
+            ));
+            return Ok((StatusCode::ACCEPTED, Json(view)));
+        }
+    }
+    Ok((StatusCode::OK, Json(json!(st.node.members()))))
 }
 
 pub async fn remove_member(State(st): State<Arc<AppState>>, Path(id): Path<NodeId>) -> ApiResult<Json<Value>> {
