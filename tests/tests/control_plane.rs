@@ -152,9 +152,13 @@ async fn sidecars_follow_changes_nack_broken_config_and_outlive_the_control_plan
     let mut sidecar = SidecarProc::start("side-1", &dir.path().join("side"), &refs);
     traffic_goes_to(&c, sidecar.listen, "a").await;
 
-    // A config change through the API moves the traffic.
-    let (s, v) = api(&c, Method::POST, nodes[2].api, "/v1/experiments/e/weights", Some(json!({"weights": {"a": 0, "b": 100}}))).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
+    // A config change through weftctl (talking to a follower or the leader) moves the traffic.
+    let servers = nodes.iter().map(|n| format!("http://{}", n.api)).collect::<Vec<_>>().join(",");
+    let out = std::process::Command::new(workspace_bin("weftctl"))
+        .args(["--server", &servers, "experiment", "set-weights", "e", "a=0", "b=100"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "weftctl: {}", String::from_utf8_lossy(&out.stderr));
     traffic_goes_to(&c, sidecar.listen, "b").await;
 
     // A route to an experiment that does not exist: accepted with a warning, NACKed by the

@@ -115,6 +115,17 @@ pub async fn get(
     }
 }
 
+/// A dry run answers a failed precondition as the real write would: 409.
+fn check_expect(kind: Kind, name: &str, expect: Option<u64>, current: Option<&Resource>) -> ApiResult<()> {
+    let actual = current.map_or(0, |r| r.revision);
+    match expect {
+        Some(e) if e != actual => Err(ApiError::from(crate::store::StoreError::Rejected(
+            crate::store::CommandError::Conflict { kind: kind.as_str().into(), name: name.into(), expected: e, actual },
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Parses a request body as JSON, with a 400 that says where it broke.
 fn body_json(body: &Bytes) -> ApiResult<Value> {
     if body.is_empty() {
@@ -139,6 +150,7 @@ async fn write_spec(
     let warnings = resources::dangling(&valid.refs, exists);
     if dry_run {
         let current = read_one(st, kind, name, false).await?;
+        check_expect(kind, name, expect, current.as_ref())?;
         let proposed: Value = serde_json::from_str(&valid.json).unwrap_or(Value::Null);
         let current_spec = current.as_ref().map(spec_of);
         return Ok(Json(json!({
@@ -188,6 +200,7 @@ pub async fn delete(
     resources::check_name(&name).map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, &e.field, &e.message))?;
     if q.dry_run {
         let current = read_one(&st, kind, &name, false).await?;
+        check_expect(kind, &name, expect, current.as_ref())?;
         return Ok(Json(json!({
             "kind": kind.as_str(), "name": name, "dry_run": true, "changed": current.is_some(),
             "revision": current.map(|r| r.revision).unwrap_or(0),
@@ -234,7 +247,8 @@ pub async fn rollback(
 ) -> ApiResult<Json<Value>> {
     let kind = kind(&k)?;
     let b: RollbackBody = serde_json::from_value(body_json(&body)?)
-        .map_err(|e| ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, "revision", e))?;
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, format!("rollback body: {e}")))?;
+    st.node.linearize().await?;
     let history = st.node.local().history(kind.as_str(), &name).map_err(crate::store::StoreError::from)?;
     if !history.iter().any(|h| h.revision == b.revision) {
         let known: Vec<String> = history.iter().map(|h| h.revision.to_string()).collect();

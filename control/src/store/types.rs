@@ -103,7 +103,7 @@ impl std::fmt::Display for CommandError {
                     "{kind}/{name}: expected revision {expected}, current is {actual}"
                 )
             }
-            Self::NotFound { kind, name } => write!(f, "{kind}/{name}: not found"),
+            Self::NotFound { kind, name } => write!(f, "{kind}/{name} does not exist"),
             Self::InvalidJson { kind, name, error } => {
                 write!(f, "{kind}/{name}: invalid JSON: {error}")
             }
