@@ -1,8 +1,9 @@
 //! The redb file layout shared by the log store and the state machine.
 //!
-//! One file holds everything so a node's durable state is one path to back up or wipe. Every
-//! write transaction commits with redb's default durability (fsync), which is what makes a Raft
-//! acknowledgement mean "on disk".
+//! One file holds everything so a node's durable state is one path to back up or wipe. Log
+//! appends and votes commit with redb's default durability (fsync), which is what makes a Raft
+//! acknowledgement mean "on disk"; applying to the state machine does not fsync (see
+//! `state.rs`: it is rebuilt from the durable log after a crash).
 
 use openraft::{AnyError, StorageError, StorageIOError};
 use redb::{ReadableDatabase, TableDefinition};
