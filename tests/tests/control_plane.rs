@@ -256,3 +256,56 @@ async fn a_silent_sidecar_is_marked_unhealthy_and_returns_with_its_heartbeats() 
 async fn api_get_proxies(c: &HttpClient, api_addr: SocketAddr) -> (StatusCode, Value) {
     api(c, Method::GET, api_addr, "/v1/proxies", None).await
 }
+
+fn weftctl(servers: &[&ControlProc], args: &[&str]) -> (bool, String) {
+    let servers = servers.iter().map(|n| format!("http://{}", n.api)).collect::<Vec<_>>().join(",");
+    let out = std::process::Command::new(workspace_bin("weftctl"))
+        .args(["--server", &servers, "-o", "json"])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+async fn voters(c: &HttpClient, node: &ControlProc) -> Vec<u64> {
+    let (_, v) = api(c, Method::GET, node.api, "/v1/members", None).await;
+    let mut ids: Vec<u64> = v["members"]
+        .as_array()
+        .map(|m| m.iter().filter(|m| m["voter"] == true).filter_map(|m| m["id"].as_u64()).collect())
+        .unwrap_or_default();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_are_removed_and_added_through_weftctl() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = control_cluster(3, dir.path()).await;
+    let c = client();
+
+    // Remove node 3 (through any node: the request is forwarded to the leader).
+    let (ok, out) = weftctl(&[&nodes[1]], &["members", "remove", "3"]);
+    assert!(ok, "{out}");
+    wait_for("node 3 is gone from the membership", Duration::from_secs(20), || async {
+        (voters(&c, &nodes[0]).await == vec![1, 2]).then_some(())
+    })
+    .await;
+    nodes[2].kill();
+    put(&c, nodes[0].api, "/v1/clusters/two-nodes", json!({"max_idle_per_endpoint": 2})).await;
+
+    // A new node joins (learner, catches up, voter) and has every write.
+    let n4 = ControlProc::start(4, dir.path(), false, Some(nodes[1].api));
+    wait_for("node 4 is a voter", Duration::from_secs(30), || async {
+        (voters(&c, &nodes[0]).await == vec![1, 2, 4]).then_some(())
+    })
+    .await;
+    wait_for("node 4 has the writes made before it joined", Duration::from_secs(20), || async {
+        cluster_values(&c, n4.api, "local").await?.contains_key("two-nodes").then_some(())
+    })
+    .await;
+    let (ok, out) = weftctl(&[&n4], &["members"]);
+    let listed: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(ok, "{out}");
+    assert!(listed["members"].as_array().unwrap().iter().any(|m| m["id"] == 4), "{out}");
+}
