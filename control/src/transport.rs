@@ -67,6 +67,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
             addr: node.addr.clone(),
             token: self.token.clone(),
             conn: None,
+            down: false,
         }
     }
 }
@@ -79,6 +80,9 @@ pub struct HttpPeer {
     addr: String,
     token: Option<Arc<str>>,
     conn: Option<SendRequest<Full<Bytes>>>,
+    /// Whether the last call failed, so a peer going down or coming back is logged once
+    /// (openraft's own replication errors, logged on every retry, are filtered by default).
+    down: bool,
 }
 
 /// How one call failed, before it is typed into openraft's error for that RPC.
@@ -146,9 +150,25 @@ impl HttpPeer {
             Ok(r) => r,
             Err(_) => Err(CallError::Timeout(ttl)),
         };
-        if out.is_err() {
-            // The connection may hold a half-finished exchange: never reuse it.
-            self.conn = None;
+        match &out {
+            Err(e) => {
+                // The connection may hold a half-finished exchange: never reuse it.
+                self.conn = None;
+                if !self.down {
+                    let why = match e {
+                        CallError::Unreachable(io) => io.to_string(),
+                        CallError::Network(m) => m.clone(),
+                        CallError::Timeout(t) => format!("no answer within {t:?}"),
+                    };
+                    tracing::warn!(peer = self.target, addr = %self.addr, error = %why, "raft peer unreachable");
+                    self.down = true;
+                }
+            }
+            Ok(_) if self.down => {
+                tracing::info!(peer = self.target, addr = %self.addr, "raft peer reachable again");
+                self.down = false;
+            }
+            Ok(_) => {}
         }
         out
     }

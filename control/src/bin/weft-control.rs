@@ -46,7 +46,9 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     xds_debounce_ms: u64,
     /// Log filter (RUST_LOG syntax).
-    #[arg(long, default_value = "info,openraft=warn")]
+    /// (openraft's per-retry replication errors are off by default: a down peer is logged once
+    /// when it goes and once when it returns.)
+    #[arg(long, default_value = "info,openraft=warn,openraft::replication=off")]
     log: String,
 }
 

@@ -280,8 +280,38 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             last_membership: membership,
             snapshot_id,
         };
+        self.keep_snapshot(meta, data)
+    }
+}
+
+impl StateMachineStore {
+    /// Stores a freshly built snapshot as the current one, unless a newer one is already
+    /// there (then that one is returned).
+    pub(crate) fn keep_snapshot(&self, meta: Meta, data: Vec<u8>) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         // Keep the snapshot so it survives a restart and can be sent to lagging followers.
+        // openraft builds snapshots in a task of their own, concurrently with the state
+        // machine: a newer snapshot may have been installed since `read_state`. Decide in the
+        // write transaction (redb serializes them), and never replace a snapshot with an
+        // older one.
         let tx = self.db.begin_write().map_err(sm_write)?;
+        let stored = {
+            let t = tx.open_table(SM_META).map_err(sm_write)?;
+            let meta: Option<Meta> = match t.get(KEY_SNAPSHOT_META).map_err(sm_write)? {
+                Some(v) => db::from_json(v.value()).map_err(sm_write)?,
+                None => None,
+            };
+            let data = t.get(KEY_SNAPSHOT_DATA).map_err(sm_write)?.map(|v| v.value().to_vec());
+            meta.zip(data)
+        };
+        if let Some((stored_meta, stored_data)) = stored
+            && stored_meta.last_log_id >= meta.last_log_id
+        {
+            drop(tx);
+            return Ok(Snapshot {
+                meta: stored_meta,
+                snapshot: Box::new(Cursor::new(stored_data)),
+            });
+        }
         put_snapshot(&tx, &meta, &data)?;
         tx.commit().map_err(sm_write)?;
         Ok(Snapshot {
@@ -388,10 +418,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        let meta: Option<Meta> = db::read_meta(&self.db, SM_META, KEY_SNAPSHOT_META)?;
-        let Some(meta) = meta else { return Ok(None) };
+        // Meta and data from one read transaction, so they always belong together.
         let tx = self.db.begin_read().map_err(sm_read)?;
         let t = tx.open_table(SM_META).map_err(sm_read)?;
+        let meta: Meta = match t.get(KEY_SNAPSHOT_META).map_err(sm_read)? {
+            Some(v) => db::from_json(v.value()).map_err(sm_read)?,
+            None => return Ok(None),
+        };
         let data = match t.get(KEY_SNAPSHOT_DATA).map_err(sm_read)? {
             Some(v) => v.value().to_vec(),
             None => return Ok(None),

@@ -318,3 +318,55 @@ impl openraft::testing::StoreBuilder<TypeConfig, LogStore, StateMachineStore, te
 fn openraft_storage_suite() {
     openraft::testing::Suite::test_all(TempStoreBuilder).expect("storage suite");
 }
+
+/// openraft builds snapshots concurrently with installing them: a build that read the state
+/// before an install of a newer snapshot must not overwrite it with its older one. The race
+/// is replayed deterministically: the build's read (of the empty state) happens first, the
+/// install second, the build's write last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_build_never_replaces_a_newer_installed_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Store::open(dir.path().join("src.redb")).unwrap();
+    {
+        let node = Node::start_single(1, Member::default(), &src, raft_config(100_000, 0).unwrap())
+            .await
+            .unwrap();
+        for i in 0..5 {
+            node.write(put("service", &format!("s{i}"), r#"{"v":1}"#, None))
+                .await
+                .unwrap();
+        }
+        node.shutdown().await.unwrap();
+    }
+    let newer = src
+        .state_machine()
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+
+    let dst = Store::open(dir.path().join("dst.redb")).unwrap();
+    // The build reads the (empty) state...
+    let scratch = Store::open(dir.path().join("scratch.redb")).unwrap();
+    let stale = scratch
+        .state_machine()
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    // ...the newer snapshot is installed...
+    let mut sm = dst.state_machine();
+    sm.install_snapshot(&newer.meta, Box::new(std::io::Cursor::new(newer.snapshot.get_ref().clone())))
+        .await
+        .unwrap();
+    // ...and the build's write comes last.
+    let kept = sm
+        .keep_snapshot(stale.meta.clone(), stale.snapshot.get_ref().clone())
+        .unwrap();
+    assert_eq!(kept.meta, newer.meta, "the build hands back the newer snapshot");
+    let current = sm.get_current_snapshot().await.unwrap().expect("a snapshot");
+    assert_eq!(current.meta, newer.meta, "the newer snapshot stays current");
+    assert_eq!(sm.applied_state().await.unwrap().0, newer.meta.last_log_id);
+}
