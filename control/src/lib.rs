@@ -15,6 +15,7 @@ pub mod fault;
 pub mod publish;
 pub mod reports;
 pub mod resources;
+pub mod scheduler;
 pub mod server;
 pub mod store;
 pub mod transport;

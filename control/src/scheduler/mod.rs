@@ -1,0 +1,7 @@
+//! GPU scheduler (pure logic: no IO, no async).
+
+pub mod inventory;
+pub mod memory;
+pub mod policy;
+pub mod rng;
+pub mod workload;
