@@ -1,7 +1,8 @@
 //! weft's benchmarks: shared pieces for driving real processes on loopback and measuring them.
 //!
 //! Each bench binary in `src/bin/` prints a table and writes JSON under `bench/results/`.
-//! `proxy-load` compares weft-proxy with Envoy, nginx and HAProxy (see `bench/README.md`).
+//! `proxy-load` compares weft-proxy with Envoy, nginx and HAProxy; `xds-fanout` times a config
+//! change reaching thousands of sidecars (see `bench/README.md`).
 
 pub mod guard;
 pub mod install;
@@ -12,3 +13,4 @@ pub mod procfs;
 pub mod report;
 pub mod stats;
 pub mod upstream;
+pub mod xds_clients;
