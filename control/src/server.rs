@@ -84,6 +84,16 @@ impl Running {
     }
 }
 
+/// A listener with a deep accept queue: after a control node restarts, thousands of sidecars
+/// reconnect at once, and a short queue makes the kernel drop SYNs (each costing a client a
+/// 1 s retransmit).
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
+}
+
 fn strip_scheme(addr: &str) -> &str {
     addr.trim_start_matches("http://").trim_end_matches('/')
 }
@@ -94,9 +104,8 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         bail!("--id: node ids start at 1");
     }
     std::fs::create_dir_all(&opts.data_dir).with_context(|| format!("--data-dir {}", opts.data_dir.display()))?;
-    let api_listener = TcpListener::bind(opts.listen).await.with_context(|| format!("--listen {}", opts.listen))?;
-    let xds_listener =
-        TcpListener::bind(opts.xds_listen).await.with_context(|| format!("--xds-listen {}", opts.xds_listen))?;
+    let api_listener = listen(opts.listen).with_context(|| format!("--listen {}", opts.listen))?;
+    let xds_listener = listen(opts.xds_listen).with_context(|| format!("--xds-listen {}", opts.xds_listen))?;
     let api_addr = api_listener.local_addr()?;
     let xds_addr = xds_listener.local_addr()?;
     let me = Member {
