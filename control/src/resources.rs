@@ -15,6 +15,7 @@ use serde_json::Value;
 use weft_proxy::config::{self, Config};
 use weft_proxy::xds::encode;
 use weft_xds::resources::{to_any, v1};
+use weft_xds::transport::Any;
 use weft_xds::{Resources, typeurl};
 
 use crate::store::Resource;
@@ -292,55 +293,118 @@ pub struct Registration {
 /// Store key prefix of sidecar registrations (not a user-writable kind).
 pub const REGISTRATIONS: &str = "registrations";
 
-/// Everything the xDS server pushes, built from the stored state. Each resource is versioned
-/// by the revision that last wrote it; a cluster's `Endpoints` by the newest of its sources,
-/// so every control node labels the same state the same way.
-pub fn xds_resources(state: &BTreeMap<String, Vec<Resource>>) -> Resources {
-    let mut out = Resources::new();
-    let of = |kind: &str| state.get(kind).map(Vec::as_slice).unwrap_or(&[]);
-    // Cluster name → (newest revision, endpoints), merged from three sources.
-    let mut endpoints: BTreeMap<String, (u64, Vec<v1::Endpoint>)> = BTreeMap::new();
-    let healthy = |address: &str, variant: &str, labels: &BTreeMap<String, String>| v1::Endpoint {
+/// One stored resource converted for xDS: its weft.v1 body, and/or the endpoints it
+/// contributes to a cluster.
+#[derive(Debug, Clone, Default)]
+struct Converted {
+    revision: u64,
+    body: Option<(&'static str, String, Any)>,
+    endpoints: Option<(String, Vec<v1::Endpoint>)>,
+}
+
+fn endpoint(address: &str, variant: &str, labels: &BTreeMap<String, String>) -> v1::Endpoint {
+    v1::Endpoint {
         address: address.into(),
         variant: variant.into(),
         node_id: String::new(),
         healthy: true,
         labels: labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-    };
-    for r in of(Kind::Clusters.as_str()) {
-        let Ok(c) = serde_json::from_str::<config::Cluster>(&r.value_json) else { continue };
-        let slot = endpoints.entry(c.name.clone()).or_default();
-        slot.0 = slot.0.max(r.revision);
-        slot.1.extend(c.endpoints.iter().map(|a| healthy(a, "", &BTreeMap::new())));
-        out.insert_versioned(typeurl::CLUSTER, &c.name, r.revision, to_any(&encode::cluster(&c)));
     }
-    for r in of(Kind::Endpoints.as_str()) {
-        let Ok(e) = serde_json::from_str::<EndpointsSpec>(&r.value_json) else { continue };
-        let slot = endpoints.entry(r.name.clone()).or_default();
-        slot.0 = slot.0.max(r.revision);
-        slot.1.extend(e.endpoints.iter().map(|ep| healthy(&ep.address, &ep.variant, &ep.labels)));
+}
+
+/// Converts one stored resource (a value that no longer parses is left out).
+fn convert(r: &Resource) -> Converted {
+    let mut c = Converted { revision: r.revision, ..Default::default() };
+    match r.kind.as_str() {
+        "clusters" => {
+            if let Ok(cl) = serde_json::from_str::<config::Cluster>(&r.value_json) {
+                let eps = cl.endpoints.iter().map(|a| endpoint(a, "", &BTreeMap::new())).collect();
+                c.endpoints = Some((cl.name.clone(), eps));
+                c.body = Some((typeurl::CLUSTER, cl.name.clone(), to_any(&encode::cluster(&cl))));
+            }
+        }
+        "endpoints" => {
+            if let Ok(e) = serde_json::from_str::<EndpointsSpec>(&r.value_json) {
+                let eps = e.endpoints.iter().map(|ep| endpoint(&ep.address, &ep.variant, &ep.labels)).collect();
+                c.endpoints = Some((r.name.clone(), eps));
+            }
+        }
+        REGISTRATIONS => {
+            if let Ok(reg) = serde_json::from_str::<Registration>(&r.value_json) {
+                let ep = v1::Endpoint {
+                    node_id: r.name.clone(),
+                    healthy: reg.healthy,
+                    ..endpoint(&reg.address, &reg.variant, &reg.labels)
+                };
+                c.endpoints = Some((reg.cluster.clone(), vec![ep]));
+            }
+        }
+        "experiments" => {
+            if let Ok(e) = serde_json::from_str::<config::Experiment>(&r.value_json) {
+                c.body = Some((typeurl::EXPERIMENT, e.name.clone(), to_any(&encode::experiment(&e))));
+            }
+        }
+        "services" => {
+            if let Ok(sv) = serde_json::from_str::<config::Service>(&r.value_json) {
+                c.body = Some((typeurl::SERVICE, sv.name.clone(), to_any(&encode::service(&sv))));
+            }
+        }
+        _ => {}
     }
-    for r in of(REGISTRATIONS) {
-        let Ok(reg) = serde_json::from_str::<Registration>(&r.value_json) else { continue };
-        let slot = endpoints.entry(reg.cluster.clone()).or_default();
-        slot.0 = slot.0.max(r.revision);
-        slot.1.push(v1::Endpoint { node_id: r.name.clone(), healthy: reg.healthy, ..healthy(&reg.address, &reg.variant, &reg.labels) });
+    c
+}
+
+/// Builds everything the xDS server pushes from the stored state, remembering each resource's
+/// conversion by revision so a rebuild after one write converts one resource, not all.
+///
+/// Each resource is versioned by the revision that last wrote it; a cluster's `Endpoints` by
+/// the newest of its sources (the cluster's own list, an `endpoints` resource, sidecar
+/// registrations), so every control node labels the same state the same way.
+#[derive(Default)]
+pub struct XdsBuilder {
+    memo: std::collections::HashMap<(String, String), Converted>,
+}
+
+impl XdsBuilder {
+    /// `resources` must come in `(kind, name)` order (as the store and the publisher's mirror
+    /// keep them), which fixes the order of merged endpoints.
+    pub fn build<'a>(&mut self, resources: impl IntoIterator<Item = &'a Resource>) -> Resources {
+        let mut out = Resources::new();
+        let mut endpoints: BTreeMap<String, (u64, Vec<v1::Endpoint>)> = BTreeMap::new();
+        let mut seen = std::collections::HashSet::new();
+        for r in resources {
+            let key = (r.kind.clone(), r.name.clone());
+            let c = match self.memo.get(&key) {
+                Some(c) if c.revision == r.revision => c,
+                _ => {
+                    self.memo.insert(key.clone(), convert(r));
+                    &self.memo[&key]
+                }
+            };
+            if let Some((url, name, any)) = &c.body {
+                out.insert_versioned(url, name, c.revision, any.clone());
+            }
+            if let Some((cluster, eps)) = &c.endpoints {
+                let slot = endpoints.entry(cluster.clone()).or_default();
+                slot.0 = slot.0.max(c.revision);
+                slot.1.extend(eps.iter().cloned());
+            }
+            seen.insert(key);
+        }
+        self.memo.retain(|k, _| seen.contains(k));
+        for (cluster, (revision, eps)) in endpoints {
+            let mut addrs = BTreeSet::new();
+            let eps: Vec<_> = eps.into_iter().filter(|e| addrs.insert(e.address.clone())).collect();
+            let res = v1::Endpoints { cluster_name: cluster.clone(), endpoints: eps };
+            out.insert_versioned(typeurl::ENDPOINTS, &cluster, revision, to_any(&res));
+        }
+        out
     }
-    for (cluster, (revision, eps)) in endpoints {
-        let mut seen = BTreeSet::new();
-        let eps: Vec<_> = eps.into_iter().filter(|e| seen.insert(e.address.clone())).collect();
-        let res = v1::Endpoints { cluster_name: cluster.clone(), endpoints: eps };
-        out.insert_versioned(typeurl::ENDPOINTS, &cluster, revision, to_any(&res));
-    }
-    for r in of(Kind::Experiments.as_str()) {
-        let Ok(e) = serde_json::from_str::<config::Experiment>(&r.value_json) else { continue };
-        out.insert_versioned(typeurl::EXPERIMENT, &e.name, r.revision, to_any(&encode::experiment(&e)));
-    }
-    for r in of(Kind::Services.as_str()) {
-        let Ok(s) = serde_json::from_str::<config::Service>(&r.value_json) else { continue };
-        out.insert_versioned(typeurl::SERVICE, &s.name, r.revision, to_any(&encode::service(&s)));
-    }
-    out
+}
+
+/// [`XdsBuilder::build`] without memory, from resources grouped by kind.
+pub fn xds_resources(state: &BTreeMap<String, Vec<Resource>>) -> Resources {
+    XdsBuilder::default().build(state.values().flatten())
 }
 
 #[cfg(test)]

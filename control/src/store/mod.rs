@@ -81,13 +81,15 @@ impl From<StorageError<NodeId>> for StoreError {
 #[derive(Clone)]
 pub struct Store {
     db: Arc<redb::Database>,
+    changes: Arc<std::sync::Mutex<state::Changes>>,
 }
 
 impl Store {
     /// Opens or creates the store file at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let db = db::open(path.as_ref()).map_err(StoreError::Open)?;
-        Ok(Self { db: Arc::new(db) })
+        let changes = state::Changes { everything: true, ..Default::default() };
+        Ok(Self { db: Arc::new(db), changes: Arc::new(std::sync::Mutex::new(changes)) })
     }
 
     /// The log store to hand to `Raft::new`.
@@ -97,7 +99,7 @@ impl Store {
 
     /// The state machine to hand to `Raft::new` (clones read the same file).
     pub fn state_machine(&self) -> StateMachineStore {
-        StateMachineStore::new(self.db.clone(), None)
+        StateMachineStore::new(self.db.clone(), self.changes.clone(), None)
     }
 }
 
@@ -172,7 +174,7 @@ impl Node {
     {
         let lease = Arc::new(());
         let log = LogStore::new(store.db.clone(), Some(lease.clone()));
-        let sm = StateMachineStore::new(store.db.clone(), Some(lease.clone()));
+        let sm = StateMachineStore::new(store.db.clone(), store.changes.clone(), Some(lease.clone()));
         let weak = Arc::downgrade(&lease);
         drop(lease);
         let raft = ConfigRaft::new(id, Arc::new(config), network, log, sm)

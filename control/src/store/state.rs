@@ -37,10 +37,22 @@ pub struct SnapshotState {
     pub history: Vec<(String, u64, Option<String>)>,
 }
 
+/// What changed since a consumer last asked (see [`StateMachineStore::take_changes`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Changes {
+    /// `(kind, name)` of every resource written or deleted.
+    pub keys: std::collections::BTreeSet<(String, String)>,
+    /// Everything may have changed (first call, or a snapshot was installed).
+    pub everything: bool,
+}
+
 /// State-machine handle; clones share the same file (the store keeps one for reads).
 #[derive(Clone)]
 pub struct StateMachineStore {
     db: Arc<redb::Database>,
+    /// Shared by every handle of one store. Locked across each apply's commit, so a reader of
+    /// (`last_applied`, changes) under the lock sees a consistent pair.
+    changes: Arc<std::sync::Mutex<Changes>>,
     /// Held by every copy openraft owns, so `Node::shutdown` can wait until they are gone.
     _lease: Option<Arc<()>>,
 }
@@ -54,8 +66,17 @@ fn sm_write<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> {
 }
 
 impl StateMachineStore {
-    pub(crate) fn new(db: Arc<redb::Database>, lease: Option<Arc<()>>) -> Self {
-        Self { db, _lease: lease }
+    pub(crate) fn new(db: Arc<redb::Database>, changes: Arc<std::sync::Mutex<Changes>>, lease: Option<Arc<()>>) -> Self {
+        Self { db, changes, _lease: lease }
+    }
+
+    /// The applied index and every key changed up to it since the previous call (the first
+    /// call says "everything"). A consumer that mirrors the state reads these keys again
+    /// instead of the whole state: values read afterwards are at least this new.
+    pub fn take_changes(&self) -> Result<(u64, Changes), StorageError<NodeId>> {
+        let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        let applied = self.last_applied_index()?;
+        Ok((applied, std::mem::take(&mut *changes)))
     }
 
     /// The current value of `kind/name`, if it exists.
@@ -348,12 +369,20 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut out = Vec::new();
         let mut last = None;
         let mut membership = None;
+        let mut touched = Vec::new();
         for entry in entries {
             let index = entry.log_id.index;
             last = Some(entry.log_id);
             match &entry.payload {
                 EntryPayload::Blank => out.push(Ok(index)),
-                EntryPayload::Normal(cmd) => out.push(apply_command(&tx, index, cmd)?),
+                EntryPayload::Normal(cmd) => {
+                    let result = apply_command(&tx, index, cmd)?;
+                    if result.is_ok() {
+                        let (Command::Put { kind, name, .. } | Command::Delete { kind, name, .. }) = cmd;
+                        touched.push((kind.clone(), name.clone()));
+                    }
+                    out.push(result);
+                }
                 EntryPayload::Membership(m) => {
                     membership = Some(Membership::new(Some(entry.log_id), m.clone()));
                     out.push(Ok(index));
@@ -366,7 +395,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         if let Some(m) = membership {
             put_meta(&tx, KEY_MEMBERSHIP, &m)?;
         }
+        let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         tx.commit().map_err(sm_write)?;
+        changes.keys.extend(touched);
         Ok(out)
     }
 
@@ -412,7 +443,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         put_meta(&tx, KEY_LAST_APPLIED, &meta.last_log_id)?;
         put_meta(&tx, KEY_MEMBERSHIP, &meta.last_membership)?;
         put_snapshot(&tx, meta, &data)?;
-        tx.commit().map_err(sm_write)
+        let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        tx.commit().map_err(sm_write)?;
+        changes.everything = true;
+        Ok(())
     }
 
     async fn get_current_snapshot(
