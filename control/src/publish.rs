@@ -50,18 +50,26 @@ impl Publisher {
     }
 }
 
+/// Shortest time between two rebuilds: under a write burst, the commits of this window are
+/// published together (a rebuild still walks every resource once).
+const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Runs until the node shuts down: publishes whenever the applied index moves.
 pub async fn run(node: Arc<Node>, cache: weft_xds::Cache) {
     let mut metrics = node.raft().metrics();
     let mut publisher = Publisher::default();
     let mut published = 0;
+    let mut last = tokio::time::Instant::now() - MIN_INTERVAL;
     loop {
         let applied = metrics.borrow_and_update().last_applied.map(|l| l.index).unwrap_or(0);
         if applied > published {
+            tokio::time::sleep_until(last + MIN_INTERVAL).await;
+            last = tokio::time::Instant::now();
             match publisher.publish(&node, &cache) {
                 Ok(r) => published = r.max(applied),
                 Err(e) => tracing::error!(error = %e, "publishing config to xDS failed"),
             }
+            continue;
         }
         if metrics.changed().await.is_err() {
             return;
