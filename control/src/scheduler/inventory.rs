@@ -457,8 +457,17 @@ impl Cluster {
             .filter_map(|(i, a)| a.as_ref().map(|a| (i as AllocId, a)))
     }
 
-    /// GPU memory `a` would take on its GPU `gpu`: its own bytes, plus the base unless resident.
+    /// Whether node `n` models GPU memory (trace nodes do not: their GPU memory is 0).
+    pub fn models_gpu_memory(&self, n: NodeId) -> bool {
+        self.specs[n as usize].gpu_memory_bytes > 0
+    }
+
+    /// GPU memory `a` would take on its GPU `gpu`: its own bytes, plus the base unless resident
+    /// (nothing where GPU memory is not modelled).
     fn memory_need(&self, a: &Allocation, g: &GpuGrant) -> u64 {
+        if !self.models_gpu_memory(a.node) {
+            return 0;
+        }
         let base = match &a.shared_base {
             Some(b) if !self.is_resident(a.node, g.gpu, &b.base) => b.bytes,
             _ => 0,
@@ -543,6 +552,7 @@ impl Cluster {
         self.vacant.push(id);
         let n = a.node as usize;
         let start = self.gpu_first[n] as usize;
+        let modelled = self.models_gpu_memory(a.node);
         for g in &a.gpus {
             let idx = start + usize::from(g.gpu);
             let mut freed = g.memory_bytes;
@@ -554,6 +564,9 @@ impl Cluster {
                         freed += res.swap_remove(pos).bytes;
                     }
                 }
+            }
+            if !modelled {
+                freed = 0;
             }
             let gpu = &mut self.gpus[idx];
             gpu.milli += g.milli;

@@ -5,3 +5,6 @@ pub mod memory;
 pub mod policy;
 pub mod rng;
 pub mod workload;
+pub mod place;
+
+pub use place::{Placement, Plan, Reason, Scheduler, SchedulerConfig, Unplaced};

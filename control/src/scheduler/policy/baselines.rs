@@ -10,6 +10,7 @@
 //!   nodes already in use, then untouched nodes (smallest first), so idle nodes stay whole.
 //!
 //! A shared task takes its best-fit GPU on the chosen node under every baseline but Random.
+//! Equal scores go to the node first in the seeded node order (see [`super::Best`]).
 
 use super::{Best, Choice, GpuPick, Shape, best_fit_gpu, default_pick, fits, free_milli};
 use crate::scheduler::inventory::{Cluster, MILLI, NodeFree, NodeId};
@@ -19,22 +20,22 @@ use crate::scheduler::rng::SplitMix64;
 const MAX_CPU: f64 = 128_000.0;
 const MAX_GPU: f64 = 8_000.0;
 
-/// Offers every feasible (and allowed) node to `score` and returns the best, ties at random.
+/// Offers every feasible (and allowed) node to `score` and returns the best (ties by `rank`).
 fn scan(
     cluster: &Cluster,
     shape: &Shape,
     allowed: Option<&dyn Fn(NodeId) -> bool>,
-    rng: &mut SplitMix64,
+    rank: &[u32],
     mut score: impl FnMut(NodeId, &NodeFree) -> (f64, GpuPick),
 ) -> Option<Choice> {
-    let mut best = Best::new();
+    let mut best = Best::new(rank);
     for (n, f) in cluster.free().iter().enumerate() {
         let n = n as NodeId;
         if !fits(f, shape) || allowed.is_some_and(|a| !a(n)) {
             continue;
         }
         let (s, gpus) = score(n, f);
-        best.offer(s, Choice { node: n, gpus }, rng);
+        best.offer(s, Choice { node: n, gpus });
     }
     best.choice()
 }
@@ -45,9 +46,22 @@ pub fn random(
     allowed: Option<&dyn Fn(NodeId) -> bool>,
     rng: &mut SplitMix64,
 ) -> Option<Choice> {
-    let mut c = scan(cluster, shape, allowed, rng, |_, _| (0.0, GpuPick::None))?;
-    let (free, len) = free_milli(cluster, c.node);
-    c.gpus = match shape.num_gpu {
+    // Uniform over feasible nodes (reservoir sampling), then over the GPUs that fit.
+    let mut chosen = None;
+    let mut seen = 0u64;
+    for (n, f) in cluster.free().iter().enumerate() {
+        let n = n as NodeId;
+        if !fits(f, shape) || allowed.is_some_and(|a| !a(n)) {
+            continue;
+        }
+        seen += 1;
+        if rng.below(seen) == 0 {
+            chosen = Some(n);
+        }
+    }
+    let node = chosen?;
+    let (free, len) = free_milli(cluster, node);
+    let gpus = match shape.num_gpu {
         0 => GpuPick::None,
         1 if shape.gpu_milli < MILLI => {
             let fitting = free[..len].iter().filter(|&&f| f >= shape.gpu_milli).count();
@@ -62,17 +76,17 @@ pub fn random(
         }
         k => GpuPick::Whole(k),
     };
-    Some(c)
+    Some(Choice { node, gpus })
 }
 
 pub fn best_fit(
     cluster: &Cluster,
     shape: &Shape,
     allowed: Option<&dyn Fn(NodeId) -> bool>,
-    rng: &mut SplitMix64,
+    rank: &[u32],
 ) -> Option<Choice> {
     let (cpu, gpu) = (f64::from(shape.cpu_milli), f64::from(shape.gpu_total()));
-    scan(cluster, shape, allowed, rng, |n, f| {
+    scan(cluster, shape, allowed, rank, |n, f| {
         let left = 0.5 * (f64::from(f.cpu_milli) - cpu) / MAX_CPU
             + 0.5 * (f64::from(f.gpu_milli) - gpu) / MAX_GPU;
         let (free, len) = free_milli(cluster, n);
@@ -84,13 +98,13 @@ pub fn dot_product(
     cluster: &Cluster,
     shape: &Shape,
     allowed: Option<&dyn Fn(NodeId) -> bool>,
-    rng: &mut SplitMix64,
+    rank: &[u32],
 ) -> Option<Choice> {
     let (cpu, gpu) = (
         f64::from(shape.cpu_milli) / MAX_CPU,
         f64::from(shape.gpu_total()) / MAX_GPU,
     );
-    scan(cluster, shape, allowed, rng, |n, f| {
+    scan(cluster, shape, allowed, rank, |n, f| {
         let dot = cpu * f64::from(f.cpu_milli) / MAX_CPU + gpu * f64::from(f.gpu_milli) / MAX_GPU;
         let (free, len) = free_milli(cluster, n);
         (dot, default_pick(&free[..len], shape))
@@ -101,9 +115,9 @@ pub fn packing(
     cluster: &Cluster,
     shape: &Shape,
     allowed: Option<&dyn Fn(NodeId) -> bool>,
-    rng: &mut SplitMix64,
+    rank: &[u32],
 ) -> Option<Choice> {
-    scan(cluster, shape, allowed, rng, |n, f| {
+    scan(cluster, shape, allowed, rank, |n, f| {
         let (free, len) = free_milli(cluster, n);
         let pick = default_pick(&free[..len], shape);
         let score = match pick {
@@ -158,31 +172,30 @@ mod tests {
     #[test]
     fn packing_prefers_used_gpus_then_used_nodes_then_small_idle_nodes() {
         let c = cluster();
-        let mut rng = SplitMix64::new(1);
-        let share = packing(&c, &shape(0, 1, 500), None, &mut rng).unwrap();
+        let rank = [0, 1, 2];
+        let share = packing(&c, &shape(0, 1, 500), None, &rank).unwrap();
         assert_eq!(share, Choice { node: 0, gpus: GpuPick::Share(3) });
-        let whole = packing(&c, &shape(0, 1, 1000), None, &mut rng).unwrap();
+        let whole = packing(&c, &shape(0, 1, 1000), None, &rank).unwrap();
         assert_eq!(whole.node, 0, "free GPU on a node already in use");
-        let eight = packing(&c, &shape(0, 8, 1000), None, &mut rng).unwrap();
+        let eight = packing(&c, &shape(0, 8, 1000), None, &rank).unwrap();
         assert_eq!(eight.node, 2);
-        let big_share = packing(&c, &shape(0, 1, 800), None, &mut rng).unwrap();
+        let big_share = packing(&c, &shape(0, 1, 800), None, &rank).unwrap();
         assert_eq!(big_share.node, 0, "a free GPU on a used node beats an idle node");
     }
 
     #[test]
     fn best_fit_takes_the_fullest_node() {
         let c = cluster();
-        let mut rng = SplitMix64::new(1);
-        assert_eq!(best_fit(&c, &shape(1000, 1, 1000), None, &mut rng).unwrap().node, 1);
-        let s = best_fit(&c, &shape(0, 1, 500), None, &mut rng).unwrap();
+        let rank = [0, 1, 2];
+        assert_eq!(best_fit(&c, &shape(1000, 1, 1000), None, &rank).unwrap().node, 1);
+        let s = best_fit(&c, &shape(0, 1, 500), None, &rank).unwrap();
         assert_eq!(s.node, 1);
     }
 
     #[test]
     fn dot_product_minimizes_alignment_with_free_resources() {
         let c = cluster();
-        let mut rng = SplitMix64::new(1);
-        assert_eq!(dot_product(&c, &shape(0, 1, 1000), None, &mut rng).unwrap().node, 1);
+        assert_eq!(dot_product(&c, &shape(0, 1, 1000), None, &[0, 1, 2]).unwrap().node, 1);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! For each feasible node the scorer computes `ΔF = F_n(after) − F_n(before)` (see [`frag`]);
 //! for a shared task it tries each GPU that fits and keeps the one with the smallest `F_n(after)`
 //! (GPUs with equal free compute give equal results, so each distinct value is tried once);
-//! whole-GPU tasks take free GPUs, which are interchangeable. Equal `ΔF` are broken at random.
+//! whole-GPU tasks take free GPUs, which are interchangeable.
+//!
+//! Nodes are ranked by [`fgd_score`], FGD's published integer score of `−ΔF`.
 //!
 //! `F_n(before)` is cached per node and `ΔF` per (task shape, node), both keyed on the node's
 //! version: one placement changes one node, so a decision recomputes only the nodes that
@@ -16,7 +18,6 @@ use std::sync::Arc;
 
 use super::{Best, Choice, GpuPick, Shape, TargetDistribution, fits, free_milli};
 use crate::scheduler::inventory::{Cluster, MILLI, NodeFree, NodeId};
-use crate::scheduler::rng::SplitMix64;
 
 /// A cached per-node result; `stamp` is the node version + 1 it was computed at (0: empty).
 #[derive(Clone, Copy, Debug, Default)]
@@ -40,20 +41,21 @@ impl<T: Copy> Cached<T> {
     }
 }
 
-/// The outcome of placing one shape on one node: the fragmentation change and the GPUs.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// The outcome of placing one shape on one node: the fragmentation change and the GPUs
+/// (fragmentation in [`TargetDistribution::node_frag`]'s integer units).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Delta {
-    pub frag: f64,
+    pub frag: i64,
     /// Fragmentation after placement.
-    pub after: f64,
+    pub after: u64,
     pub gpus: GpuPick,
 }
 
 impl Default for Delta {
     fn default() -> Self {
         Self {
-            frag: 0.0,
-            after: 0.0,
+            frag: 0,
+            after: 0,
             gpus: GpuPick::None,
         }
     }
@@ -62,7 +64,9 @@ impl Default for Delta {
 /// Fragmentation deltas with per-node caches, shared by FGD and weft.
 pub struct FragCache {
     target: Arc<TargetDistribution>,
-    node_frag: Vec<Cached<f64>>,
+    /// Among GPUs leaving equal fragmentation, take the fullest (weft) instead of the first.
+    pub gpu_best_fit: bool,
+    node_frag: Vec<Cached<u64>>,
     shapes: HashMap<Shape, usize>,
     deltas: Vec<Vec<Cached<Delta>>>,
 }
@@ -71,6 +75,7 @@ impl FragCache {
     pub fn new(target: Arc<TargetDistribution>) -> Self {
         Self {
             target,
+            gpu_best_fit: false,
             node_frag: Vec::new(),
             shapes: HashMap::new(),
             deltas: Vec::new(),
@@ -96,7 +101,7 @@ impl FragCache {
     }
 
     /// `F_n` of node `n` as it is now.
-    pub fn node_frag(&mut self, cluster: &Cluster, n: NodeId) -> f64 {
+    pub fn node_frag(&mut self, cluster: &Cluster, n: NodeId) -> u64 {
         if self.node_frag.len() < cluster.len() {
             self.node_frag.resize(cluster.len(), Cached::default());
         }
@@ -149,7 +154,7 @@ impl FragCache {
         let (after, gpus) = match shape.num_gpu {
             0 => (frag_of(&free[..len]), GpuPick::None),
             1 if shape.gpu_milli < MILLI => {
-                let mut best = (f64::INFINITY, 0u8);
+                let mut best = (u64::MAX, 0u8);
                 for i in 0..len {
                     let v = free[i];
                     if v < shape.gpu_milli || free[..i].contains(&v) {
@@ -158,7 +163,9 @@ impl FragCache {
                     free[i] = v - shape.gpu_milli;
                     let a = frag_of(&free[..len]);
                     free[i] = v;
-                    if a < best.0 {
+                    let better = a < best.0
+                        || (self.gpu_best_fit && a == best.0 && v < free[usize::from(best.1)]);
+                    if better {
                         best = (a, i as u8);
                     }
                 }
@@ -176,11 +183,28 @@ impl FragCache {
             }
         };
         Delta {
-            frag: after - before,
+            frag: after as i64 - before as i64,
             after,
             gpus,
         }
     }
+}
+
+/// FGD's node score as its authors' simulator computes it: the fragmentation reduction
+/// `−ΔF` (expected milli-GPU) through a sigmoid onto Kubernetes' 0–100 range, truncated to an
+/// integer, `⌊100 · σ(−ΔF / 1000)⌋`. Truncation makes reductions within roughly 25–40
+/// milli-GPU of each other tie, and ties then go to the first node in the seeded order; this
+/// reproduces the paper's figures (exact `ΔF` with the same tie rule places about 0.8 points
+/// fewer GPUs on the default trace).
+pub fn fgd_score(frag_delta: i64, scale: f64) -> f64 {
+    let reduction = -(frag_delta as f64) / scale;
+    (100.0 / (1.0 + (-reduction / 1000.0).exp())).floor()
+}
+
+/// FGD's target workload: the most popular shapes covering 95% of the tasks (its simulator's
+/// default), memory ignored, weighted by count.
+pub fn target(shapes: &[Shape]) -> TargetDistribution {
+    TargetDistribution::popular(shapes, 0.95, false)
 }
 
 /// The FGD policy.
@@ -200,17 +224,18 @@ impl FragScorer {
         cluster: &Cluster,
         shape: &Shape,
         allowed: Option<&dyn Fn(NodeId) -> bool>,
-        rng: &mut SplitMix64,
+        rank: &[u32],
     ) -> Option<Choice> {
-        let mut best = Best::new();
+        let mut best = Best::new(rank);
         // FGD's frag ignores memory, so the cached delta does not depend on it.
         let key = Shape {
             memory_mib: 0,
             ..*shape
         };
+        let scale = self.cache.target().scale().max(1) as f64;
         self.cache.scan(cluster, &key, allowed, |n, f, d| {
             if f.memory_mib >= shape.memory_mib {
-                best.offer(d.frag, Choice { node: n, gpus: d.gpus }, rng);
+                best.offer(-fgd_score(d.frag, scale), Choice { node: n, gpus: d.gpus });
             }
         });
         best.choice()
@@ -223,7 +248,7 @@ mod tests {
     use crate::scheduler::inventory::{Allocation, GpuGrant, NodeSpec};
     use crate::scheduler::policy::tests::shape;
 
-    fn target(types: &[(Shape, f64)]) -> Arc<TargetDistribution> {
+    fn target(types: &[(Shape, u64)]) -> Arc<TargetDistribution> {
         Arc::new(TargetDistribution::from_counts(types.iter().copied(), 1.0, false))
     }
 
@@ -246,12 +271,12 @@ mod tests {
         // Target: 0.5-GPU tasks only. GPU 0 has 600 free, GPU 1 is idle.
         let mut c = Cluster::new(vec![NodeSpec::trace("a", 64000, 1 << 20, 2, "T4")]).unwrap();
         take(&mut c, 0, 0, 400);
-        let t = target(&[(shape(0, 1, 500), 1.0)]);
+        let t = target(&[(shape(0, 1, 500), 1)]);
         let mut s = FragScorer::new(t);
-        let mut rng = SplitMix64::new(1);
+        let rank = [0u32, 1];
         // A 0.6 task on GPU 0 leaves [0, 1000]: no fragment; on GPU 1 it leaves [600, 400]
         // and the 400 is a fragment to every 0.5 task.
-        let ch = s.choose(&c, &shape(0, 1, 600), None, &mut rng).unwrap();
+        let ch = s.choose(&c, &shape(0, 1, 600), None, &rank).unwrap();
         assert_eq!(ch.gpus, GpuPick::Share(0));
     }
 
@@ -264,11 +289,11 @@ mod tests {
         ])
         .unwrap();
         take(&mut c, 0, 0, 500);
-        let mut s = FragScorer::new(target(&[(shape(0, 1, 1000), 1.0)]));
-        let mut rng = SplitMix64::new(1);
+        let mut s = FragScorer::new(target(&[(shape(0, 1, 1000), 1)]));
+        let rank = [0u32, 1];
         // A 0.5 task on node 1 would turn an idle GPU into a fragment (+500); on node 0 it
         // removes one (−500).
-        let ch = s.choose(&c, &shape(0, 1, 500), None, &mut rng).unwrap();
+        let ch = s.choose(&c, &shape(0, 1, 500), None, &rank).unwrap();
         assert_eq!(ch.node, 0);
     }
 
@@ -279,16 +304,16 @@ mod tests {
             NodeSpec::trace("b", 64000, 1 << 20, 1, "T4"),
         ])
         .unwrap();
-        let mut s = FragScorer::new(target(&[(shape(0, 1, 1000), 1.0)]));
-        let mut rng = SplitMix64::new(1);
+        let mut s = FragScorer::new(target(&[(shape(0, 1, 1000), 1)]));
+        let rank = [0u32, 1];
         let sh = shape(0, 1, 500);
-        let first = s.choose(&c, &sh, None, &mut rng).unwrap();
+        let first = s.choose(&c, &sh, None, &rank).unwrap();
         take(&mut c, first.node, 0, 500);
         // The cached delta of the changed node must be recomputed: now it is the better one.
-        assert_eq!(s.choose(&c, &sh, None, &mut rng).unwrap().node, first.node);
+        assert_eq!(s.choose(&c, &sh, None, &rank).unwrap().node, first.node);
         // A clone diverging from the original must not reuse the original's cache entries.
         let mut other = c.clone();
         take(&mut other, first.node, 0, 500);
-        assert_eq!(s.choose(&other, &sh, None, &mut rng).unwrap().node, 1 - first.node);
+        assert_eq!(s.choose(&other, &sh, None, &rank).unwrap().node, 1 - first.node);
     }
 }

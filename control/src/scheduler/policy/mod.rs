@@ -18,12 +18,15 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use super::inventory::{Cluster, GpuGrant, MAX_GPUS_PER_NODE, MILLI, NodeFree, NodeId};
 use super::rng::SplitMix64;
 pub use frag::{Shape, TargetDistribution};
 
 /// The policies the bench compares.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum PolicyKind {
     Weft,
     Fgd,
@@ -167,32 +170,45 @@ pub(crate) fn default_pick(free: &[u32], shape: &Shape) -> GpuPick {
     }
 }
 
-/// The running minimum of a scan, with uniform random choice among exact ties.
-pub(crate) struct Best {
-    score: f64,
+/// The running minimum of a scan; equal scores go to the node with the lowest rank.
+///
+/// Ranks are a seeded random permutation of the nodes, fixed for a [`Placer`]'s lifetime: this
+/// is how the FGD authors' simulator breaks ties (their Kubernetes fork picks the
+/// lexicographically smallest node name, and node names carry a per-seed random prefix). A
+/// consistent order makes tied decisions land on the same nodes, which packs instead of
+/// spreading, and it makes every decision reproducible from the seed.
+pub(crate) struct Best<'r> {
+    score: (f64, f64),
     choice: Option<Choice>,
-    ties: u64,
+    rank: &'r [u32],
 }
 
-impl Best {
-    pub(crate) fn new() -> Self {
+impl<'r> Best<'r> {
+    pub(crate) fn new(rank: &'r [u32]) -> Self {
         Self {
-            score: f64::INFINITY,
+            score: (f64::INFINITY, f64::INFINITY),
             choice: None,
-            ties: 0,
+            rank,
         }
     }
 
-    pub(crate) fn offer(&mut self, score: f64, choice: Choice, rng: &mut SplitMix64) {
-        if score < self.score || self.choice.is_none() {
+    pub(crate) fn offer(&mut self, score: f64, choice: Choice) {
+        self.offer2((score, 0.0), choice);
+    }
+
+    /// Lexicographic (primary, secondary) score, lower first.
+    pub(crate) fn offer2(&mut self, score: (f64, f64), choice: Choice) {
+        let better = match self.choice {
+            None => true,
+            Some(c) => {
+                score < self.score
+                    || (score == self.score
+                        && self.rank[choice.node as usize] < self.rank[c.node as usize])
+            }
+        };
+        if better {
             self.score = score;
             self.choice = Some(choice);
-            self.ties = 1;
-        } else if score == self.score {
-            self.ties += 1;
-            if rng.below(self.ties) == 0 {
-                self.choice = Some(choice);
-            }
         }
     }
 
@@ -201,10 +217,13 @@ impl Best {
     }
 }
 
-/// A policy with its state (random stream, caches): decides where each task goes.
+/// A policy with its state (seeded node order, random stream, caches): decides where each
+/// task goes.
 pub struct Placer {
     kind: PolicyKind,
+    seed: u64,
     rng: SplitMix64,
+    rank: Vec<u32>,
     fgd: Option<fgd::FragScorer>,
     weft: Option<weft::WeftScorer>,
 }
@@ -219,7 +238,9 @@ impl Placer {
         };
         Self {
             kind,
+            seed,
             rng: SplitMix64::new(seed),
+            rank: Vec::new(),
             fgd: (kind == PolicyKind::Fgd).then(|| fgd::FragScorer::new(target())),
             weft: (kind == PolicyKind::Weft).then(|| weft::WeftScorer::new(target())),
         }
@@ -227,6 +248,20 @@ impl Placer {
 
     pub fn kind(&self) -> PolicyKind {
         self.kind
+    }
+
+    /// The tie-break order for `n` nodes: a permutation drawn from the seed (its own stream,
+    /// so it does not depend on how many random draws decisions made before).
+    fn ranks(&mut self, n: usize) -> &[u32] {
+        if self.rank.len() != n {
+            let mut order: Vec<u32> = (0..n as u32).collect();
+            SplitMix64::new(self.seed ^ 0x5EED_0F_0DE5).shuffle(&mut order);
+            self.rank = vec![0; n];
+            for (r, &node) in order.iter().enumerate() {
+                self.rank[node as usize] = r as u32;
+            }
+        }
+        &self.rank
     }
 
     /// The node and GPUs for a task of `shape`, among nodes `allowed` accepts (all when `None`);
@@ -237,14 +272,15 @@ impl Placer {
         shape: &Shape,
         allowed: Option<&dyn Fn(NodeId) -> bool>,
     ) -> Option<Choice> {
-        let rng = &mut self.rng;
+        self.ranks(cluster.len());
+        let (rank, rng) = (&self.rank[..], &mut self.rng);
         match self.kind {
             PolicyKind::Random => baselines::random(cluster, shape, allowed, rng),
-            PolicyKind::BestFit => baselines::best_fit(cluster, shape, allowed, rng),
-            PolicyKind::DotProd => baselines::dot_product(cluster, shape, allowed, rng),
-            PolicyKind::Packing => baselines::packing(cluster, shape, allowed, rng),
-            PolicyKind::Fgd => self.fgd.as_mut()?.choose(cluster, shape, allowed, rng),
-            PolicyKind::Weft => self.weft.as_mut()?.choose(cluster, shape, allowed, rng),
+            PolicyKind::BestFit => baselines::best_fit(cluster, shape, allowed, rank),
+            PolicyKind::DotProd => baselines::dot_product(cluster, shape, allowed, rank),
+            PolicyKind::Packing => baselines::packing(cluster, shape, allowed, rank),
+            PolicyKind::Fgd => self.fgd.as_mut()?.choose(cluster, shape, allowed, rank),
+            PolicyKind::Weft => self.weft.as_mut()?.choose(cluster, shape, allowed, rank),
         }
     }
 }
@@ -290,18 +326,29 @@ mod tests {
     }
 
     #[test]
-    fn ties_are_broken_uniformly() {
-        let mut rng = SplitMix64::new(9);
-        let mut hits = [0u32; 3];
-        for _ in 0..3000 {
-            let mut b = Best::new();
-            for n in 0..3 {
-                b.offer(1.0, Choice { node: n, gpus: GpuPick::None }, &mut rng);
-            }
-            b.offer(2.0, Choice { node: 9, gpus: GpuPick::None }, &mut rng);
-            hits[b.choice().unwrap().node as usize] += 1;
+    fn ties_go_to_the_lowest_rank() {
+        let rank = [2, 0, 1, 3];
+        let mut b = Best::new(&rank);
+        for n in [0, 2, 1] {
+            b.offer(1.0, Choice { node: n, gpus: GpuPick::None });
         }
-        assert!(hits.iter().all(|&h| (850..1150).contains(&h)), "{hits:?}");
+        b.offer(2.0, Choice { node: 3, gpus: GpuPick::None });
+        assert_eq!(b.choice().unwrap().node, 1);
+        b.offer(0.5, Choice { node: 3, gpus: GpuPick::None });
+        assert_eq!(b.choice().unwrap().node, 3, "a better score beats any rank");
+    }
+
+    #[test]
+    fn the_node_order_is_a_seeded_permutation() {
+        let mut a = Placer::new(PolicyKind::BestFit, 7, None);
+        let mut b = Placer::new(PolicyKind::BestFit, 7, None);
+        let mut c = Placer::new(PolicyKind::BestFit, 8, None);
+        let ra = a.ranks(100).to_vec();
+        assert_eq!(ra, b.ranks(100));
+        assert_ne!(ra, c.ranks(100));
+        let mut sorted = ra.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..100).collect::<Vec<u32>>());
     }
 
     #[test]
