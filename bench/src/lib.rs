@@ -11,6 +11,7 @@ pub mod net;
 pub mod peers;
 pub mod procfs;
 pub mod report;
+pub mod sched;
 pub mod stats;
 pub mod upstream;
 pub mod xds_clients;

@@ -1,0 +1,3 @@
+//! sched-openb's pieces: the trace and its replay protocol, the sharing experiment, the plot.
+
+pub mod openb;
