@@ -381,9 +381,11 @@ impl Cluster {
         &self.residents[self.gpu_first[n as usize] as usize + usize::from(gpu)]
     }
 
-    /// Whether `base` is loaded on GPU `gpu` of node `n`.
-    pub fn is_resident(&self, n: NodeId, gpu: u8, base: &str) -> bool {
-        self.residents(n, gpu).iter().any(|r| r.base == base)
+    /// Whether `base` (of `bytes` per GPU) is loaded on GPU `gpu` of node `n`. A base is
+    /// identified by name and size: two artifacts that share a name but not a size are not
+    /// the same weights, and sharing one for the other would under-count memory.
+    pub fn is_resident(&self, n: NodeId, gpu: u8, base: &str, bytes: u64) -> bool {
+        self.residents(n, gpu).iter().any(|r| r.base == base && r.bytes == bytes)
     }
 
     pub fn models(&self) -> &[String] {
@@ -469,7 +471,7 @@ impl Cluster {
             return 0;
         }
         let base = match &a.shared_base {
-            Some(b) if !self.is_resident(a.node, g.gpu, &b.base) => b.bytes,
+            Some(b) if !self.is_resident(a.node, g.gpu, &b.base, b.bytes) => b.bytes,
             _ => 0,
         };
         g.memory_bytes + base
@@ -514,7 +516,7 @@ impl Cluster {
             let need = self.memory_need(&a, g);
             if let Some(b) = &a.shared_base {
                 let res = &mut self.residents[idx];
-                match res.iter_mut().find(|r| r.base == b.base) {
+                match res.iter_mut().find(|r| r.base == b.base && r.bytes == b.bytes) {
                     Some(r) => r.users += 1,
                     None => res.push(Resident {
                         base: b.base.clone(),
@@ -558,7 +560,7 @@ impl Cluster {
             let mut freed = g.memory_bytes;
             if let Some(b) = &a.shared_base {
                 let res = &mut self.residents[idx];
-                if let Some(pos) = res.iter().position(|r| r.base == b.base) {
+                if let Some(pos) = res.iter().position(|r| r.base == b.base && r.bytes == b.bytes) {
                     res[pos].users -= 1;
                     if res[pos].users == 0 {
                         freed += res.swap_remove(pos).bytes;
@@ -711,13 +713,13 @@ mod tests {
         // A second variant pays only its own delta: 10 + 1 + 1 = 12 of 16 GiB.
         let r2 = c.allocate(replica(gib(1))).unwrap();
         assert_eq!(c.gpus(0)[0].memory_bytes, gib(4));
-        assert!(c.is_resident(0, 0, "llama"));
+        assert!(c.is_resident(0, 0, "llama", gib(10)));
         // A 5 GiB delta no longer fits next to the resident base.
         assert_eq!(c.check(&replica(gib(5))), Err(Shortfall::GpuMemory));
         c.release(r1);
-        assert!(c.is_resident(0, 0, "llama"));
+        assert!(c.is_resident(0, 0, "llama", gib(10)));
         c.release(r2);
-        assert!(!c.is_resident(0, 0, "llama"));
+        assert!(!c.is_resident(0, 0, "llama", gib(10)));
         assert_eq!(c.gpus(0)[0].memory_bytes, gib(16));
         assert_eq!(c.gpu_memory_used(), 0);
     }

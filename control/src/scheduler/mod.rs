@@ -8,3 +8,6 @@ pub mod workload;
 pub mod place;
 
 pub use place::{Placement, Plan, Reason, Scheduler, SchedulerConfig, Unplaced};
+
+#[cfg(test)]
+mod proptests;

@@ -100,7 +100,7 @@ impl NodeSim {
             let mut freed = g.memory_bytes;
             if let Some(b) = &a.shared_base {
                 let res = &mut self.residents[i];
-                if let Some(pos) = res.iter().position(|r| r.0 == b.base) {
+                if let Some(pos) = res.iter().position(|r| r.0 == b.base && r.1 == b.bytes) {
                     res[pos].2 -= 1;
                     if res[pos].2 == 0 {
                         freed += res.swap_remove(pos).1;
@@ -130,7 +130,7 @@ impl NodeSim {
                     && self.mem >= r.memory_mib
                     && self.gpus.iter().zip(&self.residents).any(|(g, res)| {
                         let active: u32 = res.iter().map(|x| x.2).sum();
-                        let resident = res.iter().any(|x| x.0 == *key);
+                        let resident = res.iter().any(|x| x.0 == *key && x.1 == r.base_bytes);
                         let bytes = if resident { r.own_bytes() } else { r.cold_bytes() };
                         g.0 >= r.compute_milli
                             && (*limit == 0 || active < *limit)

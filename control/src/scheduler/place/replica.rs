@@ -125,7 +125,7 @@ impl Scheduler {
                 continue;
             }
             let gpus = c.gpus(n);
-            let gathered = (0..gpus.len() as u8).any(|g| c.is_resident(n, g, &key));
+            let gathered = (0..gpus.len() as u8).any(|g| c.is_resident(n, g, &key, r.base_bytes));
             for (g, free) in gpus.iter().enumerate() {
                 let g = g as u8;
                 if free.milli < r.compute_milli {
@@ -138,7 +138,7 @@ impl Scheduler {
                     why.limit += 1;
                     continue;
                 }
-                let resident = residents.iter().any(|x| x.base == key);
+                let resident = residents.iter().any(|x| x.base == key && x.bytes == r.base_bytes);
                 let loaded = if resident { r.own_bytes() } else { r.cold_bytes() };
                 if modelled && loaded > free.memory_bytes {
                     why.gpu_memory += 1;
