@@ -20,7 +20,8 @@ use weft_control::scheduler::{Scheduler, SchedulerConfig};
 
 /// Reads `sn,cpu_milli,memory_mib,gpu,model` rows.
 pub fn read_nodes(path: &Path) -> Result<Vec<NodeSpec>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
     for (i, row) in rows(&text, &["sn", "cpu_milli", "memory_mib", "gpu", "model"])?.enumerate() {
         let f = row.with_context(|| format!("{} row {}", path.display(), i + 2))?;
@@ -37,7 +38,8 @@ pub fn read_nodes(path: &Path) -> Result<Vec<NodeSpec>> {
 
 /// Reads `name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]` rows.
 pub fn read_pods(path: &Path) -> Result<Vec<TracePod>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
     let cols = ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"];
     for (i, row) in rows(&text, &cols)?.enumerate() {
@@ -70,7 +72,12 @@ fn rows<'a>(
     cols: &[&str],
 ) -> Result<impl Iterator<Item = Result<Vec<&'a str>>> + 'a> {
     let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap_or("").split(',').map(str::trim).collect();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .collect();
     if header.len() < cols.len() || header[..cols.len()] != *cols {
         bail!("expected columns {cols:?}, found {header:?}");
     }
@@ -85,7 +92,8 @@ fn rows<'a>(
 }
 
 fn num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T> {
-    s.parse().map_err(|_| anyhow::anyhow!("{what}: not a number: {s:?}"))
+    s.parse()
+        .map_err(|_| anyhow::anyhow!("{what}: not a number: {s:?}"))
 }
 
 /// The pods in arrival order for one seed (indices into `pods`).
@@ -197,9 +205,16 @@ mod tests {
         .unwrap();
         let p = read_pods(&full).unwrap();
         assert_eq!(p[0].gpu_spec, ["T4", "P100"]);
-        assert_eq!((p[1].num_gpu, p[1].gpu_milli, p[1].gpu_spec.len()), (2, 1000, 0));
+        assert_eq!(
+            (p[1].num_gpu, p[1].gpu_milli, p[1].gpu_spec.len()),
+            (2, 1000, 0)
+        );
         let short = dir.join("short.csv");
-        std::fs::write(&short, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,0,0\n").unwrap();
+        std::fs::write(
+            &short,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,0,0\n",
+        )
+        .unwrap();
         assert_eq!(read_pods(&short).unwrap().len(), 1);
         let bad = dir.join("bad.csv");
         std::fs::write(&bad, "sn,cpu\n").unwrap();

@@ -385,7 +385,9 @@ impl Cluster {
     /// identified by name and size: two artifacts that share a name but not a size are not
     /// the same weights, and sharing one for the other would under-count memory.
     pub fn is_resident(&self, n: NodeId, gpu: u8, base: &str, bytes: u64) -> bool {
-        self.residents(n, gpu).iter().any(|r| r.base == base && r.bytes == bytes)
+        self.residents(n, gpu)
+            .iter()
+            .any(|r| r.base == base && r.bytes == bytes)
     }
 
     pub fn models(&self) -> &[String] {
@@ -516,7 +518,10 @@ impl Cluster {
             let need = self.memory_need(&a, g);
             if let Some(b) = &a.shared_base {
                 let res = &mut self.residents[idx];
-                match res.iter_mut().find(|r| r.base == b.base && r.bytes == b.bytes) {
+                match res
+                    .iter_mut()
+                    .find(|r| r.base == b.base && r.bytes == b.bytes)
+                {
                     Some(r) => r.users += 1,
                     None => res.push(Resident {
                         base: b.base.clone(),
@@ -560,7 +565,10 @@ impl Cluster {
             let mut freed = g.memory_bytes;
             if let Some(b) = &a.shared_base {
                 let res = &mut self.residents[idx];
-                if let Some(pos) = res.iter().position(|r| r.base == b.base && r.bytes == b.bytes) {
+                if let Some(pos) = res
+                    .iter()
+                    .position(|r| r.base == b.base && r.bytes == b.bytes)
+                {
                     res[pos].users -= 1;
                     if res[pos].users == 0 {
                         freed += res.swap_remove(pos).bytes;

@@ -81,7 +81,14 @@ fn default_overhead() -> u64 {
 
 impl TrainingShape {
     /// A shape with the default activation multiplier (×3) and overhead (2.5 GB).
-    pub fn new(params: u64, precision: Precision, optimizer: Optimizer, batch: u64, seq: u64, hidden: u64) -> Self {
+    pub fn new(
+        params: u64,
+        precision: Precision,
+        optimizer: Optimizer,
+        batch: u64,
+        seq: u64,
+        hidden: u64,
+    ) -> Self {
         Self {
             params,
             precision,
@@ -96,7 +103,8 @@ impl TrainingShape {
 
     pub fn estimate(&self) -> MemoryEstimate {
         let b = self.precision.bytes();
-        let activations = (self.batch * self.seq * self.hidden * b) as f64 * self.activation_multiplier;
+        let activations =
+            (self.batch * self.seq * self.hidden * b) as f64 * self.activation_multiplier;
         MemoryEstimate {
             weights: self.params * b,
             gradients: self.params * b,
@@ -147,8 +155,15 @@ mod tests {
     /// The seed's worked example: 2B parameters, fp32, Adam, batch 8, seq 512, hidden 4096.
     #[test]
     fn seed_worked_example() {
-        let e = TrainingShape::new(2_000_000_000, Precision::Fp32, Optimizer::Adam, 8, 512, 4096)
-            .estimate();
+        let e = TrainingShape::new(
+            2_000_000_000,
+            Precision::Fp32,
+            Optimizer::Adam,
+            8,
+            512,
+            4096,
+        )
+        .estimate();
         assert_eq!(e.weights, 8_000_000_000);
         assert_eq!(e.gradients, 8_000_000_000);
         assert_eq!(e.optimizer, 16_000_000_000);
@@ -156,23 +171,40 @@ mod tests {
         // 8 × 512 × 4096 × 4 B = 64 MiB, ×3 headroom ≈ 0.2 GB.
         assert_eq!(e.activations, 3 * 67_108_864);
         assert!((e.activations as f64 / GB - 0.2).abs() < 0.01);
-        assert!((e.without_overhead() as f64 / GB - 32.2).abs() < 0.01, "≈ 32.2 GB");
+        assert!(
+            (e.without_overhead() as f64 / GB - 32.2).abs() < 0.01,
+            "≈ 32.2 GB"
+        );
         let total = e.total() as f64 / GB;
-        assert!((34.0..=36.0).contains(&total), "34-36 GB with overhead, got {total}");
+        assert!(
+            (34.0..=36.0).contains(&total),
+            "34-36 GB with overhead, got {total}"
+        );
     }
 
     /// Mixed precision, the seed's alternative: fp16 weights (4 GB) + fp32 master (8 GB) +
     /// fp16 grads (4 GB) + fp32 m and v (16 GB) = 32 GB of state for 2B parameters.
     #[test]
     fn mixed_precision_keeps_an_fp32_master_copy() {
-        let e = TrainingShape::new(2_000_000_000, Precision::Mixed, Optimizer::Adam, 8, 512, 4096)
-            .estimate();
+        let e = TrainingShape::new(
+            2_000_000_000,
+            Precision::Mixed,
+            Optimizer::Adam,
+            8,
+            512,
+            4096,
+        )
+        .estimate();
         assert_eq!(e.weights, 4_000_000_000);
         assert_eq!(e.master_weights, 8_000_000_000);
         assert_eq!(e.gradients, 4_000_000_000);
         assert_eq!(e.optimizer, 16_000_000_000);
         assert_eq!(e.model_states(), 32_000_000_000);
-        assert_eq!(e.activations, 3 * 33_554_432, "activations halve at 2 bytes");
+        assert_eq!(
+            e.activations,
+            3 * 33_554_432,
+            "activations halve at 2 bytes"
+        );
     }
 
     #[test]

@@ -31,22 +31,24 @@ fn node_spec() -> impl Strategy<Value = NodeSpec> {
         0u8..2,
         0.0f64..12.0,
     )
-        .prop_map(|(cpu, mem, gpus, model_b, gpu_mem, spot, rack, uptime)| NodeSpec {
-            name: String::new(),
-            cpu_milli: cpu,
-            memory_mib: mem,
-            gpu_model: if model_b { "B" } else { "A" }.into(),
-            gpu_count: gpus,
-            gpu_memory_bytes: gpu_mem,
-            topology: super::inventory::Topology {
-                zone: "z".into(),
-                rack: format!("r{rack}"),
-                switch: String::new(),
+        .prop_map(
+            |(cpu, mem, gpus, model_b, gpu_mem, spot, rack, uptime)| NodeSpec {
+                name: String::new(),
+                cpu_milli: cpu,
+                memory_mib: mem,
+                gpu_model: if model_b { "B" } else { "A" }.into(),
+                gpu_count: gpus,
+                gpu_memory_bytes: gpu_mem,
+                topology: super::inventory::Topology {
+                    zone: "z".into(),
+                    rack: format!("r{rack}"),
+                    switch: String::new(),
+                },
+                pool: if spot { Pool::Spot } else { Pool::OnDemand },
+                price_per_hour: 1.0,
+                expected_uptime_hours: Some(uptime),
             },
-            pool: if spot { Pool::Spot } else { Pool::OnDemand },
-            price_per_hour: 1.0,
-            expected_uptime_hours: Some(uptime),
-        })
+        )
 }
 
 fn class() -> impl Strategy<Value = ServiceClass> {
@@ -168,28 +170,46 @@ fn check_capacity(c: &Cluster) -> Result<(), TestCaseError> {
             *milli.entry((a.node, g.gpu)).or_default() += u64::from(g.milli);
             *own.entry((a.node, g.gpu)).or_default() += g.memory_bytes;
             if let Some(b) = &a.shared_base {
-                bases.entry((a.node, g.gpu)).or_default().insert((b.base.clone(), b.bytes));
+                bases
+                    .entry((a.node, g.gpu))
+                    .or_default()
+                    .insert((b.base.clone(), b.bytes));
             }
         }
     }
     for n in 0..c.len() as u32 {
         let s = c.spec(n);
         let f = c.node(n);
-        prop_assert!(cpu[n as usize] <= u64::from(s.cpu_milli), "CPU over-committed on {n}");
-        prop_assert!(mem[n as usize] <= s.memory_mib, "memory over-committed on {n}");
-        prop_assert_eq!(u64::from(f.cpu_milli), u64::from(s.cpu_milli) - cpu[n as usize]);
+        prop_assert!(
+            cpu[n as usize] <= u64::from(s.cpu_milli),
+            "CPU over-committed on {n}"
+        );
+        prop_assert!(
+            mem[n as usize] <= s.memory_mib,
+            "memory over-committed on {n}"
+        );
+        prop_assert_eq!(
+            u64::from(f.cpu_milli),
+            u64::from(s.cpu_milli) - cpu[n as usize]
+        );
         prop_assert_eq!(f.memory_mib, s.memory_mib - mem[n as usize]);
         let mut free_total = 0;
         for (g, free) in c.gpus(n).iter().enumerate() {
             let k = (n, g as u8);
             let used = milli.get(&k).copied().unwrap_or(0);
-            prop_assert!(used <= u64::from(MILLI), "GPU {n}/{g} compute over-committed");
+            prop_assert!(
+                used <= u64::from(MILLI),
+                "GPU {n}/{g} compute over-committed"
+            );
             prop_assert_eq!(u64::from(free.milli), u64::from(MILLI) - used);
             free_total += free.milli;
             if s.gpu_memory_bytes > 0 {
                 let resident: u64 = bases.get(&k).map_or(0, |b| b.iter().map(|x| x.1).sum());
                 let used = own.get(&k).copied().unwrap_or(0) + resident;
-                prop_assert!(used <= s.gpu_memory_bytes, "GPU {n}/{g} memory over-committed");
+                prop_assert!(
+                    used <= s.gpu_memory_bytes,
+                    "GPU {n}/{g} memory over-committed"
+                );
                 prop_assert_eq!(free.memory_bytes, s.gpu_memory_bytes - used);
             }
         }

@@ -201,7 +201,7 @@ impl Scheduler {
                 continue;
             }
             big_seen = true;
-            let by = |free: u64, need: u64| if need == 0 { u32::MAX } else { (free / need) as u32 };
+            let by = |free: u64, need: u64| free.checked_div(need).map_or(u32::MAX, |k| k as u32);
             let cap = (u32::from(f.full_gpus) / per)
                 .min(by(u64::from(f.cpu_milli), u64::from(g.cpu_milli)))
                 .min(by(f.memory_mib, g.memory_mib));
@@ -220,18 +220,29 @@ impl Scheduler {
             return Err(Reason::NoEligibleNode);
         }
         if !big_seen {
-            let resource = if models.is_empty() { Resource::Gpu } else { Resource::GpuMemory };
+            let resource = if models.is_empty() {
+                Resource::Gpu
+            } else {
+                Resource::GpuMemory
+            };
             return Err(Reason::TooLarge { resource });
         }
         let workers = u32::from(g.workers);
-        let placeable: u32 = hosts.iter().map(|h| h.cap.min(workers)).sum::<u32>().min(workers);
+        let placeable: u32 = hosts
+            .iter()
+            .map(|h| h.cap.min(workers))
+            .sum::<u32>()
+            .min(workers);
         let incomplete = Reason::GangIncomplete { placeable, workers };
         let Some(t) = g.topology else {
             return pack(hosts, workers).ok_or(incomplete);
         };
         let mut domains: BTreeMap<u32, Vec<Host>> = BTreeMap::new();
         for h in &hosts {
-            domains.entry(c.domain(h.node, t.level)).or_default().push(*h);
+            domains
+                .entry(c.domain(h.node, t.level))
+                .or_default()
+                .push(*h);
         }
         let idle_left = |plan: &[(NodeId, u32)]| -> u32 {
             plan.iter()
@@ -292,7 +303,10 @@ pub(crate) mod tests {
     }
 
     fn nodes_of(s: &Scheduler, ids: &[AllocId]) -> Vec<NodeId> {
-        let mut v: Vec<NodeId> = ids.iter().map(|&i| s.cluster().allocation(i).unwrap().node).collect();
+        let mut v: Vec<NodeId> = ids
+            .iter()
+            .map(|&i| s.cluster().allocation(i).unwrap().node)
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -305,7 +319,10 @@ pub(crate) mod tests {
         let before = s.cluster().gpu_milli_allocated();
         assert_eq!(
             s.place(&Workload::Gang(big)).unwrap_err().reason,
-            Reason::GangIncomplete { placeable: 3, workers: 5 }
+            Reason::GangIncomplete {
+                placeable: 3,
+                workers: 5
+            }
         );
         assert_eq!(s.cluster().gpu_milli_allocated(), before, "nothing held");
         let ok = s.place(&Workload::Gang(gang("ok", 3, 8))).unwrap();
@@ -316,7 +333,10 @@ pub(crate) mod tests {
     fn required_topology_keeps_the_gang_in_one_rack() {
         let mut s = racks();
         let mut g = gang("g", 3, 4);
-        g.topology = Some(TopologyConstraint { level: Level::Rack, required: true });
+        g.topology = Some(TopologyConstraint {
+            level: Level::Rack,
+            required: true,
+        });
         let p = s.place(&Workload::Gang(g.clone())).unwrap();
         // Both racks need two nodes for 12 GPUs; r2 (8 + 4) leaves no idle GPU on them, r1 4.
         assert_eq!(nodes_of(&s, &p.allocations), vec![2, 3]);
@@ -335,12 +355,18 @@ pub(crate) mod tests {
     fn required_topology_fails_with_a_reason_preferred_falls_back() {
         let mut s = racks();
         let mut g = gang("g", 5, 4);
-        g.topology = Some(TopologyConstraint { level: Level::Rack, required: true });
+        g.topology = Some(TopologyConstraint {
+            level: Level::Rack,
+            required: true,
+        });
         assert_eq!(
             s.place(&Workload::Gang(g.clone())).unwrap_err().reason,
             Reason::Topology { level: Level::Rack }
         );
-        g.topology = Some(TopologyConstraint { level: Level::Rack, required: false });
+        g.topology = Some(TopologyConstraint {
+            level: Level::Rack,
+            required: false,
+        });
         assert_eq!(s.place(&Workload::Gang(g)).unwrap().allocations.len(), 5);
     }
 
@@ -353,11 +379,18 @@ pub(crate) mod tests {
 
     #[test]
     fn backoff_doubles_and_times_out() {
-        let b = Backoff { initial_s: 1.0, max_s: 4.0, timeout_s: 10.0 };
+        let b = Backoff {
+            initial_s: 1.0,
+            max_s: 4.0,
+            timeout_s: 10.0,
+        };
         let mut w = GangWait::new(0.0);
         assert_eq!(w.failed(0.0, &b), Retry::At(1.0));
         assert_eq!(w.failed(1.0, &b), Retry::At(3.0));
         assert_eq!(w.failed(3.0, &b), Retry::At(7.0));
-        assert_eq!(w.failed(7.0, &b), Retry::GiveUp(Reason::TimedOut { attempts: 4 }));
+        assert_eq!(
+            w.failed(7.0, &b),
+            Retry::GiveUp(Reason::TimedOut { attempts: 4 })
+        );
     }
 }

@@ -112,7 +112,11 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// `target` is the expected workload the fragmentation-aware policies score against.
-    pub fn new(cluster: Cluster, config: SchedulerConfig, target: Option<Arc<TargetDistribution>>) -> Self {
+    pub fn new(
+        cluster: Cluster,
+        config: SchedulerConfig,
+        target: Option<Arc<TargetDistribution>>,
+    ) -> Self {
         let placer = Placer::new(config.policy, config.seed, target);
         Self {
             cluster,
@@ -161,7 +165,12 @@ impl Scheduler {
                 Workload::Replica(r) => (1, r.base_bytes, r.base_model.as_str()),
                 Workload::Pod(p) => (2, p.gpu_milli_total(), ""),
             };
-            (std::cmp::Reverse(w.priority()), kind, std::cmp::Reverse(size), base)
+            (
+                std::cmp::Reverse(w.priority()),
+                kind,
+                std::cmp::Reverse(size),
+                base,
+            )
         });
         let mut plan = Plan::default();
         for w in order {
@@ -217,7 +226,9 @@ impl Scheduler {
         }
         let Some(choice) = self.placer.choose(&self.cluster, shape, allowed) else {
             let cluster = &self.cluster;
-            return Err(reason::diagnose(cluster, shape, |n, _| allowed.is_none_or(|a| a(n))));
+            return Err(reason::diagnose(cluster, shape, |n, _| {
+                allowed.is_none_or(|a| a(n))
+            }));
         };
         let alloc = Allocation {
             owner: name.to_string(),
@@ -280,7 +291,12 @@ pub(crate) mod tests {
                 let w = Workload::Pod(pod(&format!("p{i}"), 1000, 1, 1000));
                 match s.place(&w) {
                     Ok(_) => placed += 1,
-                    Err(u) => assert_eq!(u.reason, Reason::Insufficient { resource: Resource::Gpu }),
+                    Err(u) => assert_eq!(
+                        u.reason,
+                        Reason::Insufficient {
+                            resource: Resource::Gpu
+                        }
+                    ),
                 }
             }
             assert_eq!(placed, 6, "{policy}");
@@ -296,11 +312,16 @@ pub(crate) mod tests {
         let id = s.place(&Workload::Pod(p.clone())).unwrap().allocations[0];
         assert_eq!(s.cluster().allocation(id).unwrap().node, 1);
         p.gpu_spec = vec!["A100".into()];
-        assert_eq!(s.place(&Workload::Pod(p)).unwrap_err().reason, Reason::NoMatchingGpuModel);
+        assert_eq!(
+            s.place(&Workload::Pod(p)).unwrap_err().reason,
+            Reason::NoMatchingGpuModel
+        );
         let too_big = pod("big", 1, 8, 1000);
         assert_eq!(
             s.place(&Workload::Pod(too_big)).unwrap_err().reason,
-            Reason::TooLarge { resource: Resource::Gpu }
+            Reason::TooLarge {
+                resource: Resource::Gpu
+            }
         );
     }
 
@@ -314,6 +335,8 @@ pub(crate) mod tests {
         assert!(pool_allows(&spot, ServiceClass::BestEffort, 4.0));
         assert!(!pool_allows(&spot, ServiceClass::BestEffort, 8.0));
         assert!(pool_allows(&od, ServiceClass::Critical, 100.0));
-        assert!(pool_rank(&spot, ServiceClass::BestEffort) < pool_rank(&od, ServiceClass::BestEffort));
+        assert!(
+            pool_rank(&spot, ServiceClass::BestEffort) < pool_rank(&od, ServiceClass::BestEffort)
+        );
     }
 }

@@ -131,7 +131,11 @@ impl NodeSim {
                     && self.gpus.iter().zip(&self.residents).any(|(g, res)| {
                         let active: u32 = res.iter().map(|x| x.2).sum();
                         let resident = res.iter().any(|x| x.0 == *key && x.1 == r.base_bytes);
-                        let bytes = if resident { r.own_bytes() } else { r.cold_bytes() };
+                        let bytes = if resident {
+                            r.own_bytes()
+                        } else {
+                            r.cold_bytes()
+                        };
                         g.0 >= r.compute_milli
                             && (*limit == 0 || active < *limit)
                             && (!self.modelled || g.1 >= bytes)
@@ -156,7 +160,11 @@ type Cost = (usize, Priority, i64);
 
 fn cost(units: &[Unit], chosen: &[usize]) -> Cost {
     let n = chosen.iter().map(|&u| units[u].ids.len()).sum();
-    let top = chosen.iter().map(|&u| units[u].priority).max().unwrap_or(Priority::MIN);
+    let top = chosen
+        .iter()
+        .map(|&u| units[u].priority)
+        .max()
+        .unwrap_or(Priority::MIN);
     let sum = chosen.iter().map(|&u| i64::from(units[u].priority)).sum();
     (n, top, sum)
 }
@@ -296,7 +304,8 @@ impl Scheduler {
                     Need::Shape(sh) => *sh,
                     Need::Replica { .. } => unreachable!("a pod needs a shape"),
                 };
-                s.place_shape_on(&p.name, &shape, 0, Some(&only)).map(|id| vec![id])
+                s.place_shape_on(&p.name, &shape, 0, Some(&only))
+                    .map(|id| vec![id])
             }
             Workload::Replica(r) => s.place_replica_on(r, Some(&only)).map(|id| vec![id]),
             Workload::Gang(_) => Err(Reason::NoVictims),
@@ -362,7 +371,12 @@ impl Scheduler {
 
     /// Evicts along `order` until the gang fits, then restores (last evicted first) every unit
     /// it does not need gone; `None` if evicting everything in `order` is not enough.
-    fn gang_victims(&mut self, g: &TrainingGang, units: &[Unit], order: &[usize]) -> Option<Vec<usize>> {
+    fn gang_victims(
+        &mut self,
+        g: &TrainingGang,
+        units: &[Unit],
+        order: &[usize],
+    ) -> Option<Vec<usize>> {
         let mut chosen = Vec::new();
         let mut fit = false;
         for &u in order {
@@ -396,7 +410,11 @@ impl Scheduler {
         let original = std::mem::replace(&mut self.cluster, trial);
         let mut evicted = Vec::new();
         for &u in chosen {
-            let allocations = units[u].ids.iter().filter_map(|&id| self.cluster.release(id)).collect();
+            let allocations = units[u]
+                .ids
+                .iter()
+                .filter_map(|&id| self.cluster.release(id))
+                .collect();
             evicted.push(Evicted {
                 owner: units[u].owner.clone(),
                 priority: units[u].priority,
@@ -451,7 +469,13 @@ mod tests {
         assert_eq!(p.preempted[0].owner, "p1");
         // Now everything is priority 5: a priority-5 request finds no victims.
         let err = s.place_preempting(&prio_gang("late", 1, 1, 5)).unwrap_err();
-        assert_eq!(err.reason, Reason::GangIncomplete { placeable: 0, workers: 1 });
+        assert_eq!(
+            err.reason,
+            Reason::GangIncomplete {
+                placeable: 0,
+                workers: 1
+            }
+        );
     }
 
     #[test]
@@ -500,7 +524,12 @@ mod tests {
         s.place(&prio_gang("low", 1, 1, 0)).unwrap();
         let before: Vec<AllocId> = s.cluster().allocations().map(|(i, _)| i).collect();
         // Needs 2 GPUs on the node: evicting "low" frees only one.
-        assert_eq!(s.place_preempting(&prio_gang("big", 1, 2, 5)).unwrap_err().reason, Reason::NoVictims);
+        assert_eq!(
+            s.place_preempting(&prio_gang("big", 1, 2, 5))
+                .unwrap_err()
+                .reason,
+            Reason::NoVictims
+        );
         let after: Vec<AllocId> = s.cluster().allocations().map(|(i, _)| i).collect();
         assert_eq!(before, after);
     }

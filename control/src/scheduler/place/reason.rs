@@ -73,14 +73,25 @@ impl fmt::Display for Reason {
         match self {
             Reason::NoMatchingGpuModel => write!(f, "no node has an allowed GPU model"),
             Reason::NoEligibleNode => {
-                write!(f, "no node is eligible (pool rules: critical work needs on-demand nodes, spot nodes need enough expected uptime)")
+                write!(
+                    f,
+                    "no node is eligible (pool rules: critical work needs on-demand nodes, spot nodes need enough expected uptime)"
+                )
             }
             Reason::TooLarge { resource } => {
-                write!(f, "needs more {resource} than any eligible node has in total")
+                write!(
+                    f,
+                    "needs more {resource} than any eligible node has in total"
+                )
             }
-            Reason::Insufficient { resource } => write!(f, "not enough free {resource} on any eligible node"),
+            Reason::Insufficient { resource } => {
+                write!(f, "not enough free {resource} on any eligible node")
+            }
             Reason::VariantLimit { limit } => {
-                write!(f, "every GPU with room already runs {limit} active variants")
+                write!(
+                    f,
+                    "every GPU with room already runs {limit} active variants"
+                )
             }
             Reason::GangIncomplete { placeable, workers } => write!(
                 f,
@@ -88,14 +99,21 @@ impl fmt::Display for Reason {
             ),
             Reason::Topology { level } => write!(f, "no single {level} can hold the whole gang"),
             Reason::NoVictims => write!(f, "no lower-priority work whose eviction would make room"),
-            Reason::TimedOut { attempts } => write!(f, "gang not placeable after {attempts} attempts (timed out)"),
+            Reason::TimedOut { attempts } => write!(
+                f,
+                "gang not placeable after {attempts} attempts (timed out)"
+            ),
             Reason::Invalid { detail } => write!(f, "invalid workload: {detail}"),
         }
     }
 }
 
 /// Why no node takes a task of `shape` among nodes passing `eligible` (pool and similar rules).
-pub fn diagnose(cluster: &Cluster, shape: &Shape, eligible: impl Fn(NodeId, &NodeSpec) -> bool) -> Reason {
+pub fn diagnose(
+    cluster: &Cluster,
+    shape: &Shape,
+    eligible: impl Fn(NodeId, &NodeSpec) -> bool,
+) -> Reason {
     let wants_gpu = shape.num_gpu > 0;
     let model_ok = |n: NodeId| !wants_gpu || shape.models.contains(cluster.node(n).model);
     let nodes = || (0..cluster.len() as NodeId).filter(|&n| model_ok(n));
@@ -125,7 +143,11 @@ pub fn diagnose(cluster: &Cluster, shape: &Shape, eligible: impl Fn(NodeId, &Nod
             1 if shape.gpu_milli < 1000 => f.max_gpu_milli >= shape.gpu_milli,
             k => f.full_gpus >= k,
         };
-        let now = [f.cpu_milli >= shape.cpu_milli, f.memory_mib >= shape.memory_mib, gpu_ok];
+        let now = [
+            f.cpu_milli >= shape.cpu_milli,
+            f.memory_mib >= shape.memory_mib,
+            gpu_ok,
+        ];
         if let Some(i) = now.iter().position(|ok| !ok) {
             blocked[i] += 1;
         }
@@ -135,9 +157,13 @@ pub fn diagnose(cluster: &Cluster, shape: &Shape, eligible: impl Fn(NodeId, &Nod
     if !any_eligible {
         Reason::NoEligibleNode
     } else if !any_big_enough {
-        Reason::TooLarge { resource: most(too_large) }
+        Reason::TooLarge {
+            resource: most(too_large),
+        }
     } else {
-        Reason::Insufficient { resource: most(blocked) }
+        Reason::Insufficient {
+            resource: most(blocked),
+        }
     }
 }
 
@@ -166,18 +192,34 @@ mod tests {
         let all = |_: NodeId, _: &NodeSpec| true;
         assert_eq!(
             diagnose(&c, &shape(1, 1, 4, 1000), all),
-            Reason::TooLarge { resource: Resource::Gpu }
+            Reason::TooLarge {
+                resource: Resource::Gpu
+            }
         );
         assert_eq!(
             diagnose(&c, &shape(9000, 1, 0, 0), all),
-            Reason::TooLarge { resource: Resource::Cpu }
+            Reason::TooLarge {
+                resource: Resource::Cpu
+            }
         );
-        assert_eq!(diagnose(&c, &shape(1, 1, 1, 100), |_, _| false), Reason::NoEligibleNode);
+        assert_eq!(
+            diagnose(&c, &shape(1, 1, 1, 100), |_, _| false),
+            Reason::NoEligibleNode
+        );
         let mut wrong = shape(1, 1, 1, 100);
         wrong.models = ModelSet::NONE;
         assert_eq!(diagnose(&c, &wrong, all), Reason::NoMatchingGpuModel);
-        assert!(Reason::Insufficient { resource: Resource::Gpu }.capacity_bound());
+        assert!(
+            Reason::Insufficient {
+                resource: Resource::Gpu
+            }
+            .capacity_bound()
+        );
         assert!(!Reason::NoMatchingGpuModel.capacity_bound());
-        assert!(Reason::Topology { level: Level::Rack }.to_string().contains("rack"));
+        assert!(
+            Reason::Topology { level: Level::Rack }
+                .to_string()
+                .contains("rack")
+        );
     }
 }

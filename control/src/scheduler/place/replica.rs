@@ -29,6 +29,10 @@ pub(crate) fn base_key(r: &InferenceReplica, sharing: bool) -> String {
     }
 }
 
+/// Preference key of a (node, GPU) for a replica, lower first: pool rank, bytes loaded, not
+/// gathered with its base, GPU memory left, compute left, price.
+type ReplicaKey = (u8, u64, u8, u64, u32, u64);
+
 /// Blocking counts while scanning, to explain a failure.
 #[derive(Default)]
 struct Blocked {
@@ -97,7 +101,7 @@ impl Scheduler {
         };
         let limit = self.config.max_variants_per_gpu;
         let mut why = Blocked::default();
-        let mut best: Option<((u8, u64, u8, u64, u32, u64), NodeId, u8)> = None;
+        let mut best: Option<(ReplicaKey, NodeId, u8)> = None;
         for n in 0..c.len() as NodeId {
             let (spec, f) = (c.spec(n), c.node(n));
             if spec.gpu_count == 0 || !models.contains(f.model) {
@@ -138,16 +142,30 @@ impl Scheduler {
                     why.limit += 1;
                     continue;
                 }
-                let resident = residents.iter().any(|x| x.base == key && x.bytes == r.base_bytes);
-                let loaded = if resident { r.own_bytes() } else { r.cold_bytes() };
+                let resident = residents
+                    .iter()
+                    .any(|x| x.base == key && x.bytes == r.base_bytes);
+                let loaded = if resident {
+                    r.own_bytes()
+                } else {
+                    r.cold_bytes()
+                };
                 if modelled && loaded > free.memory_bytes {
                     why.gpu_memory += 1;
                     continue;
                 }
-                let left = if modelled { free.memory_bytes - loaded } else { 0 };
+                let left = if modelled {
+                    free.memory_bytes - loaded
+                } else {
+                    0
+                };
                 let score = (
                     pool_rank(spec, r.class),
-                    if modelled { loaded } else { u64::from(!resident) },
+                    if modelled {
+                        loaded
+                    } else {
+                        u64::from(!resident)
+                    },
                     u8::from(!gathered),
                     left,
                     free.milli - r.compute_milli,
@@ -178,7 +196,10 @@ impl Scheduler {
                 (why.cpu, Resource::Cpu),
                 (why.memory, Resource::Memory),
             ];
-            let resource = counts.iter().max_by_key(|(c, _)| *c).map_or(Resource::Gpu, |x| x.1);
+            let resource = counts
+                .iter()
+                .max_by_key(|(c, _)| *c)
+                .map_or(Resource::Gpu, |x| x.1);
             Reason::Insufficient { resource }
         })
     }
@@ -240,12 +261,17 @@ mod tests {
             })
             .collect();
         let first = where_is(&s, ids[0]);
-        assert!(ids.iter().all(|&id| where_is(&s, id) == first), "all on the GPU holding the base");
+        assert!(
+            ids.iter().all(|&id| where_is(&s, id) == first),
+            "all on the GPU holding the base"
+        );
         // 26 GB base once + 3 × (0.25 + 1) GB.
         assert_eq!(s.cluster().gpu_memory_used(), 26 * GB + 3 * (GB / 4 + GB));
         // Another base cannot squeeze in beside it (15.25 GB > 10.25 GB left): its own copy
         // goes to another GPU.
-        let other = s.place(&Workload::Replica(replica("m0", "mistral-7b", 14))).unwrap();
+        let other = s
+            .place(&Workload::Replica(replica("m0", "mistral-7b", 14)))
+            .unwrap();
         assert_ne!(where_is(&s, other.allocations[0]), first);
     }
 
@@ -254,7 +280,13 @@ mod tests {
         let mut s = sched(vec![node("a", 2, 40), node("b", 2, 40)], false);
         let mut placed = 0;
         for i in 0..6 {
-            if s.place(&Workload::Replica(replica(&format!("v{i}"), "llama-13b", 26))).is_ok() {
+            if s.place(&Workload::Replica(replica(
+                &format!("v{i}"),
+                "llama-13b",
+                26,
+            )))
+            .is_ok()
+            {
                 placed += 1;
             }
         }
@@ -270,7 +302,10 @@ mod tests {
         // Five 0.2-GPU replicas fill GPU 0's compute; the sixth loads a second copy beside it,
         // on the same node.
         assert_eq!(at, [(0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (0, 1)]);
-        assert_eq!(shared.cluster().gpu_memory_used(), 2 * 26 * GB + 6 * (GB / 4 + GB));
+        assert_eq!(
+            shared.cluster().gpu_memory_used(),
+            2 * 26 * GB + 6 * (GB / 4 + GB)
+        );
     }
 
     #[test]
@@ -278,9 +313,12 @@ mod tests {
         let mut s = sched(vec![node("a", 1, 80)], true);
         s.config.max_variants_per_gpu = 2;
         for i in 0..2 {
-            s.place(&Workload::Replica(replica(&format!("v{i}"), "b", 10))).unwrap();
+            s.place(&Workload::Replica(replica(&format!("v{i}"), "b", 10)))
+                .unwrap();
         }
-        let err = s.place(&Workload::Replica(replica("v2", "b", 10))).unwrap_err();
+        let err = s
+            .place(&Workload::Replica(replica("v2", "b", 10)))
+            .unwrap_err();
         assert_eq!(err.reason, Reason::VariantLimit { limit: 2 });
     }
 
@@ -309,7 +347,10 @@ mod tests {
         let mut s2 = sched(vec![only_spot], true);
         let mut crit = replica("c", "b1", 10);
         crit.class = ServiceClass::Critical;
-        assert_eq!(s2.place(&Workload::Replica(crit)).unwrap_err().reason, Reason::NoEligibleNode);
+        assert_eq!(
+            s2.place(&Workload::Replica(crit)).unwrap_err().reason,
+            Reason::NoEligibleNode
+        );
     }
 
     #[test]
@@ -318,15 +359,24 @@ mod tests {
         let big = replica("big", "llama-70b", 140);
         assert_eq!(
             s.place(&Workload::Replica(big)).unwrap_err().reason,
-            Reason::TooLarge { resource: Resource::GpuMemory }
+            Reason::TooLarge {
+                resource: Resource::GpuMemory
+            }
         );
         s.place(&Workload::Replica(replica("x", "m", 12))).unwrap();
         assert_eq!(
-            s.place(&Workload::Replica(replica("y", "n", 12))).unwrap_err().reason,
-            Reason::Insufficient { resource: Resource::GpuMemory }
+            s.place(&Workload::Replica(replica("y", "n", 12)))
+                .unwrap_err()
+                .reason,
+            Reason::Insufficient {
+                resource: Resource::GpuMemory
+            }
         );
         let mut bad = replica("z", "m", 1);
         bad.compute_milli = 0;
-        assert!(matches!(s.place(&Workload::Replica(bad)).unwrap_err().reason, Reason::Invalid { .. }));
+        assert!(matches!(
+            s.place(&Workload::Replica(bad)).unwrap_err().reason,
+            Reason::Invalid { .. }
+        ));
     }
 }

@@ -64,7 +64,10 @@ pub fn random(
     let gpus = match shape.num_gpu {
         0 => GpuPick::None,
         1 if shape.gpu_milli < MILLI => {
-            let fitting = free[..len].iter().filter(|&&f| f >= shape.gpu_milli).count();
+            let fitting = free[..len]
+                .iter()
+                .filter(|&&f| f >= shape.gpu_milli)
+                .count();
             let k = rng.below(fitting as u64) as usize;
             let g = free[..len]
                 .iter()
@@ -160,7 +163,11 @@ mod tests {
             node: 0,
             cpu_milli: 0,
             memory_mib: 0,
-            gpus: vec![GpuGrant { gpu: 3, milli: 300, memory_bytes: 0 }],
+            gpus: vec![GpuGrant {
+                gpu: 3,
+                milli: 300,
+                memory_bytes: 0,
+            }],
             priority: 0,
             gang: None,
             shared_base: None,
@@ -174,20 +181,34 @@ mod tests {
         let c = cluster();
         let rank = [0, 1, 2];
         let share = packing(&c, &shape(0, 1, 500), None, &rank).unwrap();
-        assert_eq!(share, Choice { node: 0, gpus: GpuPick::Share(3) });
+        assert_eq!(
+            share,
+            Choice {
+                node: 0,
+                gpus: GpuPick::Share(3)
+            }
+        );
         let whole = packing(&c, &shape(0, 1, 1000), None, &rank).unwrap();
         assert_eq!(whole.node, 0, "free GPU on a node already in use");
         let eight = packing(&c, &shape(0, 8, 1000), None, &rank).unwrap();
         assert_eq!(eight.node, 2);
         let big_share = packing(&c, &shape(0, 1, 800), None, &rank).unwrap();
-        assert_eq!(big_share.node, 0, "a free GPU on a used node beats an idle node");
+        assert_eq!(
+            big_share.node, 0,
+            "a free GPU on a used node beats an idle node"
+        );
     }
 
     #[test]
     fn best_fit_takes_the_fullest_node() {
         let c = cluster();
         let rank = [0, 1, 2];
-        assert_eq!(best_fit(&c, &shape(1000, 1, 1000), None, &rank).unwrap().node, 1);
+        assert_eq!(
+            best_fit(&c, &shape(1000, 1, 1000), None, &rank)
+                .unwrap()
+                .node,
+            1
+        );
         let s = best_fit(&c, &shape(0, 1, 500), None, &rank).unwrap();
         assert_eq!(s.node, 1);
     }
@@ -195,7 +216,12 @@ mod tests {
     #[test]
     fn dot_product_minimizes_alignment_with_free_resources() {
         let c = cluster();
-        assert_eq!(dot_product(&c, &shape(0, 1, 1000), None, &[0, 1, 2]).unwrap().node, 1);
+        assert_eq!(
+            dot_product(&c, &shape(0, 1, 1000), None, &[0, 1, 2])
+                .unwrap()
+                .node,
+            1
+        );
     }
 
     #[test]
@@ -212,7 +238,12 @@ mod tests {
         }
         assert!(random(&c, &shape(0, 9, 1000), None, &mut rng).is_none());
         let only1 = |n: NodeId| n == 1;
-        assert_eq!(random(&c, &shape(0, 1, 100), Some(&only1), &mut rng).unwrap().node, 1);
+        assert_eq!(
+            random(&c, &shape(0, 1, 100), Some(&only1), &mut rng)
+                .unwrap()
+                .node,
+            1
+        );
         assert_eq!(best_fit_gpu_on(&c, 0, 600), Some(3));
     }
 }

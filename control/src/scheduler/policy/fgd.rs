@@ -111,7 +111,9 @@ impl FragCache {
             return v;
         }
         let (free, len) = free_milli(cluster, n);
-        let v = self.target.node_frag(f.model, f.cpu_milli, f.memory_mib, &free[..len]);
+        let v = self
+            .target
+            .node_frag(f.model, f.cpu_milli, f.memory_mib, &free[..len]);
         self.node_frag[n as usize].set(id, f, v);
         v
     }
@@ -148,7 +150,10 @@ impl FragCache {
         let before = self.node_frag(cluster, n);
         let f = cluster.node(n);
         let (mut free, len) = free_milli(cluster, n);
-        let (cpu, mem) = (f.cpu_milli - shape.cpu_milli, f.memory_mib - shape.memory_mib);
+        let (cpu, mem) = (
+            f.cpu_milli - shape.cpu_milli,
+            f.memory_mib - shape.memory_mib,
+        );
         let t = &self.target;
         let frag_of = |free: &[u32]| t.node_frag(f.model, cpu, mem, free);
         let (after, gpus) = match shape.num_gpu {
@@ -235,7 +240,13 @@ impl FragScorer {
         let scale = self.cache.target().scale().max(1) as f64;
         self.cache.scan(cluster, &key, allowed, |n, f, d| {
             if f.memory_mib >= shape.memory_mib {
-                best.offer(-fgd_score(d.frag, scale), Choice { node: n, gpus: d.gpus });
+                best.offer(
+                    -fgd_score(d.frag, scale),
+                    Choice {
+                        node: n,
+                        gpus: d.gpus,
+                    },
+                );
             }
         });
         best.choice()
@@ -249,7 +260,11 @@ mod tests {
     use crate::scheduler::policy::tests::shape;
 
     fn target(types: &[(Shape, u64)]) -> Arc<TargetDistribution> {
-        Arc::new(TargetDistribution::from_counts(types.iter().copied(), 1.0, false))
+        Arc::new(TargetDistribution::from_counts(
+            types.iter().copied(),
+            1.0,
+            false,
+        ))
     }
 
     fn take(c: &mut Cluster, node: NodeId, gpu: u8, milli: u32) {
@@ -258,7 +273,11 @@ mod tests {
             node,
             cpu_milli: 0,
             memory_mib: 0,
-            gpus: vec![GpuGrant { gpu, milli, memory_bytes: 0 }],
+            gpus: vec![GpuGrant {
+                gpu,
+                milli,
+                memory_bytes: 0,
+            }],
             priority: 0,
             gang: None,
             shared_base: None,
@@ -314,6 +333,9 @@ mod tests {
         // A clone diverging from the original must not reuse the original's cache entries.
         let mut other = c.clone();
         take(&mut other, first.node, 0, 500);
-        assert_eq!(s.choose(&other, &sh, None, &rank).unwrap().node, 1 - first.node);
+        assert_eq!(
+            s.choose(&other, &sh, None, &rank).unwrap().node,
+            1 - first.node
+        );
     }
 }

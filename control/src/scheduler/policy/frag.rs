@@ -103,7 +103,14 @@ impl TargetDistribution {
         let mut all: Vec<(Shape, u64)> = counts.into_iter().filter(|(_, w)| *w > 0).collect();
         // Most popular first; a total order on the shape keeps the cut deterministic.
         all.sort_by_key(|(s, w)| {
-            (std::cmp::Reverse(*w), s.cpu_milli, s.gpu_milli, s.num_gpu, s.models.0, s.memory_mib)
+            (
+                std::cmp::Reverse(*w),
+                s.cpu_milli,
+                s.gpu_milli,
+                s.num_gpu,
+                s.models.0,
+                s.memory_mib,
+            )
         });
         let total: u64 = all.iter().map(|x| x.1).sum();
         let mut kept = 0u64;
@@ -127,7 +134,12 @@ impl TargetDistribution {
         thresholds.dedup();
         let threshold_of = types
             .iter()
-            .map(|t| thresholds.binary_search(&t.shape.gpu_milli).unwrap_or(0).min(255) as u8)
+            .map(|t| {
+                thresholds
+                    .binary_search(&t.shape.gpu_milli)
+                    .unwrap_or(0)
+                    .min(255) as u8
+            })
             .collect();
         Self {
             types,
@@ -310,9 +322,17 @@ mod tests {
         // 1-GPU tasks with 10 cores; a node with 4 free GPUs and 20 free cores feeds 2 of them.
         let d = dist(&[(shape(10_000, 1, 1000), 1)]);
         let free = [1000, 1000, 1000, 1000];
-        assert_eq!(d.node_frag(0, 20_000, 0, &free), 0, "FGD: one more task fits, all usable");
+        assert_eq!(
+            d.node_frag(0, 20_000, 0, &free),
+            0,
+            "FGD: one more task fits, all usable"
+        );
         let c = d.capacity_aware();
-        assert_eq!(c.node_frag(0, 20_000, 0, &free), 2000, "two GPUs will starve for CPU");
+        assert_eq!(
+            c.node_frag(0, 20_000, 0, &free),
+            2000,
+            "two GPUs will starve for CPU"
+        );
         assert_eq!(c.node_frag(0, 40_000, 0, &free), 0);
         // Shared tasks of 0.5 GPU: both GPUs (600 and 1000 free) fit one, CPU feeds one task.
         let s = dist(&[(shape(10_000, 1, 500), 1)]).capacity_aware();

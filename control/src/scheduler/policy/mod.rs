@@ -76,7 +76,9 @@ impl FromStr for PolicyKind {
         Self::ALL
             .into_iter()
             .find(|p| p.name() == s)
-            .ok_or_else(|| format!("unknown policy {s:?} (weft, fgd, bestfit, dotprod, packing, random)"))
+            .ok_or_else(|| {
+                format!("unknown policy {s:?} (weft, fgd, bestfit, dotprod, packing, random)")
+            })
     }
 }
 
@@ -255,7 +257,7 @@ impl Placer {
     fn ranks(&mut self, n: usize) -> &[u32] {
         if self.rank.len() != n {
             let mut order: Vec<u32> = (0..n as u32).collect();
-            SplitMix64::new(self.seed ^ 0x5EED_0F_0DE5).shuffle(&mut order);
+            SplitMix64::new(self.seed ^ 0x5EED_F0DE).shuffle(&mut order);
             self.rank = vec![0; n];
             for (r, &node) in order.iter().enumerate() {
                 self.rank[node as usize] = r as u32;
@@ -330,11 +332,29 @@ mod tests {
         let rank = [2, 0, 1, 3];
         let mut b = Best::new(&rank);
         for n in [0, 2, 1] {
-            b.offer(1.0, Choice { node: n, gpus: GpuPick::None });
+            b.offer(
+                1.0,
+                Choice {
+                    node: n,
+                    gpus: GpuPick::None,
+                },
+            );
         }
-        b.offer(2.0, Choice { node: 3, gpus: GpuPick::None });
+        b.offer(
+            2.0,
+            Choice {
+                node: 3,
+                gpus: GpuPick::None,
+            },
+        );
         assert_eq!(b.choice().unwrap().node, 1);
-        b.offer(0.5, Choice { node: 3, gpus: GpuPick::None });
+        b.offer(
+            0.5,
+            Choice {
+                node: 3,
+                gpus: GpuPick::None,
+            },
+        );
         assert_eq!(b.choice().unwrap().node, 3, "a better score beats any rank");
     }
 

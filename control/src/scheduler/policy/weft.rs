@@ -22,10 +22,10 @@
 
 use std::sync::Arc;
 
-use super::fgd::{FragCache, fgd_score};
-use super::{Best, Choice, Shape, TargetDistribution};
 #[cfg(test)]
 use super::GpuPick;
+use super::fgd::{FragCache, fgd_score};
+use super::{Best, Choice, Shape, TargetDistribution};
 use crate::scheduler::inventory::{Cluster, ModelId, NodeId};
 
 /// Shapes that at most this share of the nodes can host count as scarce.
@@ -34,7 +34,9 @@ pub const SCARCE_HOSTS: f64 = 0.10;
 /// weft's target workload for `shapes` on `cluster`: every shape, capacity-aware, with scarce
 /// shapes weighted up.
 pub fn target(cluster: &Cluster, shapes: &[Shape]) -> TargetDistribution {
-    let models: Vec<ModelId> = (0..cluster.len() as NodeId).map(|n| cluster.node(n).model).collect();
+    let models: Vec<ModelId> = (0..cluster.len() as NodeId)
+        .map(|n| cluster.node(n).model)
+        .collect();
     TargetDistribution::popular(shapes, 1.0, false)
         .capacity_aware()
         .scarcity_weighted(cluster.specs(), &models, SCARCE_HOSTS)
@@ -67,7 +69,13 @@ impl WeftScorer {
         let scale = self.cache.target().scale().max(1) as f64;
         self.cache.scan(cluster, &key, allowed, |n, f, d| {
             if f.memory_mib >= shape.memory_mib {
-                best.offer(-fgd_score(d.frag, scale), Choice { node: n, gpus: d.gpus });
+                best.offer(
+                    -fgd_score(d.frag, scale),
+                    Choice {
+                        node: n,
+                        gpus: d.gpus,
+                    },
+                );
             }
         });
         best.choice()
@@ -93,7 +101,11 @@ mod tests {
         // Node 0: all 4 GPUs taken; node 1: 4 free GPUs. Both have 40 free cores.
         for node in [0, 1] {
             let gpus = if node == 0 {
-                Choice { node, gpus: GpuPick::Whole(4) }.grants(&c, &shape(0, 4, 1000))
+                Choice {
+                    node,
+                    gpus: GpuPick::Whole(4),
+                }
+                .grants(&c, &shape(0, 4, 1000))
             } else {
                 vec![]
             };
@@ -110,9 +122,15 @@ mod tests {
             .unwrap();
         }
         let gpu_task = shape(10_000, 1, 1000);
-        let shapes = vec![gpu_task; 9].into_iter().chain([shape(30_000, 0, 0)]).collect::<Vec<_>>();
+        let shapes = vec![gpu_task; 9]
+            .into_iter()
+            .chain([shape(30_000, 0, 0)])
+            .collect::<Vec<_>>();
         let mut w = WeftScorer::new(Arc::new(target(&c, &shapes)));
         let ch = w.choose(&c, &shape(30_000, 0, 0), None, &[1, 0]).unwrap();
-        assert_eq!(ch.node, 0, "the node without free GPUs takes the CPU-only task");
+        assert_eq!(
+            ch.node, 0,
+            "the node without free GPUs takes the CPU-only task"
+        );
     }
 }
