@@ -209,6 +209,19 @@ impl Cluster {
         Ok(())
     }
 
+    /// weft only: the leader's `(last_log_index, snapshot index)` from `/v1/status` (whether a
+    /// snapshot, and with it a log purge, happened during a measurement); `None` for etcd or
+    /// when the leader does not answer.
+    pub async fn weft_log_state(&self) -> Option<(u64, Option<u64>)> {
+        if self.system != System::Weft {
+            return None;
+        }
+        let (_, v) = request_json(self.leader_api(), Method::GET, "/v1/status", "")
+            .await
+            .ok()?;
+        Some((v["last_log_index"].as_u64()?, v["snapshot"].as_u64()))
+    }
+
     /// Asks the members who leads now and updates `leader`; returns that member's name.
     pub async fn find_leader(&mut self) -> Result<String> {
         let leader = match self.system {

@@ -99,6 +99,8 @@ struct Sample {
     disk_flushes_per_write: Option<f64>,
     /// The disk's fdatasync p50 measured right before this system's cluster started.
     fsync_p50_ms: f64,
+    /// weft: the leader's last log index and snapshot index (if any) after the window.
+    log_after: Option<(u64, Option<u64>)>,
     /// The leader before and after the window (a change means an election during the load).
     leader: String,
     leader_after: String,
@@ -292,6 +294,7 @@ const NOTES: &[&str] = &[
     "fdatasync_p50_ms: write(4 KiB) appended to a file + fdatasync, in the same temp dir (same disk) as the clusters' data, measured right before each system in each repeat (the summary holds the median of all those runs, repeats[] the one before each sample); fdatasync.overwrite_4k rewrites offset 0 instead (no size change to journal)",
     "details: cluster_cpu_us_per_write = utime+stime of the 3 nodes during the window / acknowledged writes; disk_*_per_write = the device's completed writes / cache flushes (/proc/diskstats, whole device) / acknowledged writes; foreign_cpu: machine busy time not used by the bench or its children, in cores (noise indicator)",
     "every system runs on the same 2 cores as the writers; no pinning",
+    "each system gets a fresh 3-node cluster per repeat, serving the client counts in order; weft samples record the leader's log_index_after and snapshot_index_after (weft-control snapshots every 10,000 applied entries, so a fast 64-client window crosses the first snapshot)",
 ];
 
 /// CPU (in cores) used outside the bench above which a sample is flagged.
@@ -381,6 +384,7 @@ async fn measure(
         .join()
         .map_err(|_| anyhow::anyhow!("meter thread panicked"))??;
     cluster.check_alive()?;
+    let log_after = cluster.weft_log_state().await;
     let leader_after = cluster
         .find_leader()
         .await
@@ -423,6 +427,7 @@ async fn measure(
         disk_writes_per_write: used.disk.map(|d| per_write(d.writes as f64)),
         disk_flushes_per_write: used.disk.map(|d| per_write(d.flushes as f64)),
         fsync_p50_ms: f64::NAN,
+        log_after,
         leader,
         leader_after,
     })
@@ -798,6 +803,8 @@ fn sample_json(s: &Sample) -> Value {
         "disk_flushes_per_write": opt(s.disk_flushes_per_write, 3),
         "fdatasync_p50_ms": round(s.fsync_p50_ms, 4),
         "p50_over_fdatasync_p50": round(s.p50_ms / s.fsync_p50_ms, 3),
+        "log_index_after": s.log_after.map(|l| l.0),
+        "snapshot_index_after": s.log_after.and_then(|l| l.1),
         "leader": s.leader,
         "leader_after": s.leader_after,
     })
