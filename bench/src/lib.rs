@@ -15,5 +15,6 @@ pub mod report;
 pub mod sched;
 pub mod stats;
 pub mod upstream;
+pub mod workspace;
 pub mod write_load;
 pub mod xds_clients;

@@ -60,7 +60,7 @@ impl Target {
     pub fn prepare(self) -> Result<Option<PathBuf>> {
         match self {
             Target::Direct => Ok(None),
-            Target::Weft => build_weft().map(Some),
+            Target::Weft => crate::workspace::release_bin("weft-proxy", "weft-proxy").map(Some),
             Target::Envoy => install::ensure_envoy().map(Some),
             Target::Nginx => install::ensure_apt("nginx", "nginx-light").map(Some),
             Target::Haproxy => install::ensure_apt("haproxy", "haproxy").map(Some),
@@ -314,36 +314,6 @@ fn weft_variant_counts(metrics: &str) -> Option<(f64, f64)> {
         (n > 0).then_some(sum)
     };
     Some((count("a")?, count("b")?))
-}
-
-/// Builds `target/release/weft-proxy` from this workspace (a binary of another package is not
-/// built by `cargo run -p weft-bench`).
-fn build_weft() -> Result<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("workspace root")?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .current_dir(workspace)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "weft-proxy",
-            "--bin",
-            "weft-proxy",
-        ])
-        .status()
-        .context("running cargo build")?;
-    if !status.success() {
-        bail!("cargo build --release -p weft-proxy failed ({status})");
-    }
-    let target_dir =
-        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| workspace.join("target"), PathBuf::from);
-    let bin = target_dir.join("release/weft-proxy");
-    bin.is_file()
-        .then_some(bin.clone())
-        .with_context(|| format!("{} not found after the build", bin.display()))
 }
 
 fn last_lines(text: &str, n: usize) -> String {

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use weft_bench::guard::{self, TempDir};
 use weft_bench::peers::{Running, Target};
 use weft_bench::report::{self, Sample, Summary};
+use weft_bench::workspace;
 use weft_bench::{install, load, procfs, upstream::Upstream};
 
 /// Compare weft-proxy with Envoy, nginx and HAProxy under the same load on the same machine.
@@ -158,7 +159,7 @@ fn run(args: &Args) -> Result<bool> {
 
     let doc = json!({
         "bench": "proxy-load",
-        "machine": machine(),
+        "machine": workspace::machine(),
         "settings": settings(&plan, args.quick),
         "versions": versions,
         "summary": summary.to_json(),
@@ -170,7 +171,7 @@ fn run(args: &Args) -> Result<bool> {
         "notes": NOTES,
     });
     let out = args.out.clone().unwrap_or_else(|| default_out(args.quick));
-    write_json(&out, &doc)?;
+    workspace::write_json(&out, &doc)?;
     println!("wrote {}", out.display());
 
     let weft_wanted = selected(args)?.contains(&Target::Weft);
@@ -407,45 +408,13 @@ fn settings(plan: &Plan, quick: bool) -> Value {
     })
 }
 
-fn machine() -> Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo.lines().find_map(|l| {
-        l.strip_prefix("model name")?
-            .split_once(':')
-            .map(|(_, m)| m.trim().to_string())
-    });
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .ok()
-        .map(|k| k.trim().to_string());
-    let os = std::fs::read_to_string("/etc/os-release")
-        .ok()
-        .and_then(|t| {
-            t.lines().find_map(|l| {
-                l.strip_prefix("PRETTY_NAME=")
-                    .map(|v| v.trim_matches('"').to_string())
-            })
-        });
-    json!({
-        "nproc": std::thread::available_parallelism().map_or(1, usize::from),
-        "cpu_model": model,
-        "kernel": kernel,
-        "os": os,
-    })
-}
-
 fn default_out(quick: bool) -> PathBuf {
-    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
-    if quick {
-        results.join("tmp/proxy-load-quick.json")
-    } else {
-        results.join("proxy-load.json")
-    }
-}
-
-fn write_json(path: &Path, doc: &Value) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(path, serde_json::to_string_pretty(doc)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))
+    workspace::results_path(
+        if quick {
+            "proxy-load-quick.json"
+        } else {
+            "proxy-load.json"
+        },
+        quick,
+    )
 }

@@ -19,6 +19,7 @@ use weft_bench::guard::{self, TempDir};
 use weft_bench::raft_clusters::{self, Cluster, System};
 use weft_bench::report::{self, Check};
 use weft_bench::stats::Spread;
+use weft_bench::workspace;
 use weft_bench::write_load::{self, DiskCounters, Writes};
 use weft_bench::{install, procfs};
 
@@ -132,7 +133,7 @@ fn run(args: &Args) -> Result<bool> {
         let found = match system {
             System::Weft => match &args.weft_control {
                 Some(bin) => Ok(bin.clone()),
-                None => build_weft_control(),
+                None => workspace::release_bin("weft-control", "weft-control"),
             },
             System::Etcd => install::ensure_apt("etcd", "etcd-server"),
         };
@@ -275,7 +276,7 @@ fn run(args: &Args) -> Result<bool> {
         .out
         .clone()
         .unwrap_or_else(|| default_out(args.quick, plan.fsync_delay));
-    write_json(&out, &doc)?;
+    workspace::write_json(&out, &doc)?;
     println!("wrote {}", out.display());
 
     let weft_wanted = plan.systems.contains(&System::Weft);
@@ -879,36 +880,6 @@ fn settings(plan: &Plan, quick: bool) -> Value {
     })
 }
 
-/// Builds `target/release/weft-control` from this workspace (a binary of another package is
-/// not built by `cargo run -p weft-bench`).
-fn build_weft_control() -> Result<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("workspace root")?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .current_dir(workspace)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "weft-control",
-            "--bin",
-            "weft-control",
-        ])
-        .status()
-        .context("running cargo build")?;
-    if !status.success() {
-        bail!("cargo build --release -p weft-control failed ({status})");
-    }
-    let target_dir =
-        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| workspace.join("target"), PathBuf::from);
-    let bin = target_dir.join("release/weft-control");
-    bin.is_file()
-        .then_some(bin.clone())
-        .with_context(|| format!("{} not found after the build", bin.display()))
-}
-
 /// The workspace commit weft-control was built from, `+dirty` when the control plane's sources
 /// (control/, xds/, proxy/) had uncommitted changes.
 fn weft_source() -> Option<String> {
@@ -934,33 +905,16 @@ fn weft_source() -> Option<String> {
 }
 
 fn machine(tmp: &Path, device: Option<&str>) -> Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo.lines().find_map(|l| {
-        l.strip_prefix("model name")?
-            .split_once(':')
-            .map(|(_, m)| m.trim().to_string())
-    });
-    let read = |p: &str| {
-        std::fs::read_to_string(p)
+    let mut m = workspace::machine();
+    let write_cache = device.and_then(|d| {
+        std::fs::read_to_string(format!("/sys/block/{d}/queue/write_cache"))
             .ok()
-            .map(|k| k.trim().to_string())
-    };
-    let os = read("/etc/os-release").and_then(|t| {
-        t.lines().find_map(|l| {
-            l.strip_prefix("PRETTY_NAME=")
-                .map(|v| v.trim_matches('"').to_string())
-        })
+            .map(|v| v.trim().to_string())
     });
-    let write_cache = device.and_then(|d| read(&format!("/sys/block/{d}/queue/write_cache")));
-    json!({
-        "nproc": std::thread::available_parallelism().map_or(1, usize::from),
-        "cpu_model": model,
-        "kernel": read("/proc/sys/kernel/osrelease"),
-        "os": os,
-        "data_dir_parent": tmp.parent().map(|p| p.display().to_string()),
-        "disk": device,
-        "disk_write_cache": write_cache,
-    })
+    m["data_dir_parent"] = json!(tmp.parent().map(|p| p.display().to_string()));
+    m["disk"] = json!(device);
+    m["disk_write_cache"] = json!(write_cache);
+    m
 }
 
 fn default_out(quick: bool, fsync_delay: Duration) -> PathBuf {
@@ -974,12 +928,4 @@ fn default_out(quick: bool, fsync_delay: Duration) -> PathBuf {
     } else {
         results.join("raft-write.json")
     }
-}
-
-fn write_json(path: &Path, doc: &Value) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(path, serde_json::to_string_pretty(doc)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))
 }

@@ -10,7 +10,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
 use std::time::Duration;
 
@@ -25,6 +25,7 @@ use tonic::transport::server::TcpIncoming;
 use weft_bench::procfs;
 use weft_bench::report::{self, Check};
 use weft_bench::stats::percentile;
+use weft_bench::workspace;
 use weft_bench::xds_clients::{Convergence, Fleet, FleetOptions};
 use weft_xds::resources::v1;
 use weft_xds::{AdsServer, Cache, Resources};
@@ -232,7 +233,7 @@ fn run(plan: &Plan, out: Option<PathBuf>) -> Result<()> {
 
     let doc = json!({
         "bench": "xds-fanout",
-        "machine": machine(),
+        "machine": workspace::machine(),
         "settings": {
             "quick": plan.quick,
             "sidecars": plan.sizes,
@@ -249,7 +250,7 @@ fn run(plan: &Plan, out: Option<PathBuf>) -> Result<()> {
         "notes": NOTES,
     });
     let out = out.unwrap_or_else(|| default_out(plan.quick));
-    write_json(&out, &doc)?;
+    workspace::write_json(&out, &doc)?;
     println!("wrote {}", out.display());
     Ok(())
 }
@@ -717,42 +718,8 @@ fn r(v: f64, decimals: i32) -> Value {
     json!((v * f).round() / f)
 }
 
-fn machine() -> Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo.lines().find_map(|l| {
-        Some(
-            l.strip_prefix("model name")?
-                .split_once(':')?
-                .1
-                .trim()
-                .to_string(),
-        )
-    });
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .ok()
-        .map(|k| k.trim().to_string());
-    json!({
-        "nproc": std::thread::available_parallelism().map_or(1, usize::from),
-        "cpu_model": model,
-        "kernel": kernel,
-    })
-}
-
 fn default_out(quick: bool) -> PathBuf {
-    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
-    if quick {
-        results.join("tmp/xds-fanout.json")
-    } else {
-        results.join("xds-fanout.json")
-    }
-}
-
-fn write_json(path: &Path, doc: &Value) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(path, serde_json::to_string_pretty(doc)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))
+    workspace::results_path("xds-fanout.json", quick)
 }
 
 #[cfg(test)]

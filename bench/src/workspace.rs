@@ -1,0 +1,78 @@
+//! What every bench needs from its surroundings: release binaries of this workspace's other
+//! packages (which `cargo run -p weft-bench` does not build), a description of the machine, and
+//! where and how results are written.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+/// Builds `target/release/BIN` of `package` from this workspace and returns its path.
+pub fn release_bin(package: &str, bin: &str) -> Result<PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("workspace root")?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(workspace)
+        .args(["build", "--release", "-p", package, "--bin", bin])
+        .status()
+        .context("running cargo build")?;
+    if !status.success() {
+        bail!("cargo build --release -p {package} --bin {bin} failed ({status})");
+    }
+    let target_dir =
+        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| workspace.join("target"), PathBuf::from);
+    let path = target_dir.join("release").join(bin);
+    path.is_file()
+        .then_some(path.clone())
+        .with_context(|| format!("{} not found after the build", path.display()))
+}
+
+/// CPU count and model, kernel and OS, for the results JSON.
+pub fn machine() -> Value {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|k| k.trim().to_string())
+    };
+    let model = read("/proc/cpuinfo").and_then(|c| {
+        c.lines().find_map(|l| {
+            l.strip_prefix("model name")?
+                .split_once(':')
+                .map(|(_, m)| m.trim().to_string())
+        })
+    });
+    let os = read("/etc/os-release").and_then(|t| {
+        t.lines().find_map(|l| {
+            l.strip_prefix("PRETTY_NAME=")
+                .map(|v| v.trim_matches('"').to_string())
+        })
+    });
+    json!({
+        "nproc": std::thread::available_parallelism().map_or(1, usize::from),
+        "cpu_model": model,
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "os": os,
+    })
+}
+
+/// `bench/results/FILE`, or the git-ignored `bench/results/tmp/FILE` for quick runs.
+pub fn results_path(file: &str, quick: bool) -> PathBuf {
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
+    if quick {
+        results.join("tmp").join(file)
+    } else {
+        results.join(file)
+    }
+}
+
+/// Writes `doc` as pretty JSON, creating the directory.
+pub fn write_json(path: &Path, doc: &Value) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(doc)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
+}
