@@ -20,12 +20,12 @@
 //!
 //! Measured with `sched-openb` on every pod list of the trace (10 seeds): see the bench.
 
+#[cfg(test)]
 use std::sync::Arc;
 
 #[cfg(test)]
-use super::GpuPick;
-use super::fgd::{FragCache, fgd_score};
-use super::{Best, Choice, Shape, TargetDistribution};
+use super::{Choice, GpuPick};
+use super::{Shape, TargetDistribution};
 use crate::scheduler::inventory::{Cluster, ModelId, NodeId};
 
 /// Shapes that at most this share of the nodes can host count as scarce.
@@ -42,45 +42,9 @@ pub fn target(cluster: &Cluster, shapes: &[Shape]) -> TargetDistribution {
         .scarcity_weighted(cluster.specs(), &models, SCARCE_HOSTS)
 }
 
-/// The weft policy (build its target with [`target`]).
-pub struct WeftScorer {
-    cache: FragCache,
-}
-
-impl WeftScorer {
-    pub fn new(target: Arc<TargetDistribution>) -> Self {
-        Self {
-            cache: FragCache::new(target),
-        }
-    }
-
-    pub fn choose(
-        &mut self,
-        cluster: &Cluster,
-        shape: &Shape,
-        allowed: Option<&dyn Fn(NodeId) -> bool>,
-        rank: &[u32],
-    ) -> Option<Choice> {
-        let mut best = Best::new(rank);
-        let key = Shape {
-            memory_mib: 0,
-            ..*shape
-        };
-        let scale = self.cache.target().scale().max(1) as f64;
-        self.cache.scan(cluster, &key, allowed, |n, f, d| {
-            if f.memory_mib >= shape.memory_mib {
-                best.offer(
-                    -fgd_score(d.frag, scale),
-                    Choice {
-                        node: n,
-                        gpus: d.gpus,
-                    },
-                );
-            }
-        });
-        best.choice()
-    }
-}
+/// The weft policy: FGD's scorer (same score, same tie rule) over the target distribution
+/// built by [`target`] — the measure is the whole difference, so the scorer is shared.
+pub type WeftScorer = super::fgd::FragScorer;
 
 #[cfg(test)]
 mod tests {
