@@ -6,7 +6,7 @@
 //! `state.rs`: it is rebuilt from the durable log after a crash).
 
 use openraft::{AnyError, StorageError, StorageIOError};
-use redb::{ReadableDatabase, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -16,8 +16,12 @@ use super::types::NodeId;
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 /// Raft metadata: `vote`, `committed`, `last_purged` → JSON.
 pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
-/// State-machine metadata: `last_applied`, `membership`, `snapshot_meta` (JSON), `snapshot_data`.
+/// State-machine metadata: `last_applied`, `membership` (JSON).
 pub(crate) const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
+/// The current snapshot: `snapshot_meta` (JSON) and `snapshot_data`. A table of its own because
+/// every apply rewrites `last_applied` in `SM_META`, and redb copies the whole leaf a changed key
+/// lives in: beside it, the snapshot (every resource and all history) was rewritten per write.
+pub(crate) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 /// Current resources: `kind/name` → JSON `Resource`.
 pub(crate) const RESOURCES: TableDefinition<&str, &[u8]> = TableDefinition::new("resources");
 /// Per-resource history: (`kind/name`, revision) → JSON `Option<String>` (None = deleted).
@@ -41,10 +45,27 @@ pub(crate) fn open(path: &std::path::Path) -> Result<redb::Database, redb::Error
     tx.open_table(LOG)?;
     tx.open_table(RAFT_META)?;
     tx.open_table(SM_META)?;
+    tx.open_table(SNAPSHOT)?;
     tx.open_table(RESOURCES)?;
     tx.open_table(HISTORY)?;
+    move_snapshot_out_of_sm_meta(&tx)?;
     tx.commit()?;
     Ok(db)
+}
+
+/// Files written before the `SNAPSHOT` table kept the snapshot in `SM_META`: move it over (in
+/// the same transaction that opens the file, so a crash leaves it in one place or the other).
+fn move_snapshot_out_of_sm_meta(tx: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    let mut meta = tx.open_table(SM_META)?;
+    let mut snap = tx.open_table(SNAPSHOT)?;
+    for key in [KEY_SNAPSHOT_META, KEY_SNAPSHOT_DATA] {
+        if let Some(v) = meta.remove(key)? {
+            if snap.get(key)?.is_none() {
+                snap.insert(key, v.value())?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Key of a resource in `RESOURCES` and `HISTORY`. `/` cannot occur in kind or name (checked

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::db::{
     self, HISTORY, KEY_LAST_APPLIED, KEY_MEMBERSHIP, KEY_SNAPSHOT_DATA, KEY_SNAPSHOT_META,
-    RESOURCES, SM_META,
+    RESOURCES, SM_META, SNAPSHOT,
 };
 use super::types::{
     Command, CommandError, CommandResult, HistoryEntry, Member, NodeId, Resource, TypeConfig,
@@ -276,8 +276,9 @@ fn put_snapshot(
     meta: &Meta,
     data: &[u8],
 ) -> Result<(), StorageError<NodeId>> {
-    put_meta(tx, KEY_SNAPSHOT_META, meta)?;
-    let mut t = tx.open_table(SM_META).map_err(sm_write)?;
+    let meta = db::to_json(meta).map_err(sm_write)?;
+    let mut t = tx.open_table(SNAPSHOT).map_err(sm_write)?;
+    t.insert(KEY_SNAPSHOT_META, meta.as_slice()).map_err(sm_write)?;
     t.insert(KEY_SNAPSHOT_DATA, data).map_err(sm_write)?;
     Ok(())
 }
@@ -316,7 +317,7 @@ impl StateMachineStore {
         // older one.
         let tx = self.db.begin_write().map_err(sm_write)?;
         let stored = {
-            let t = tx.open_table(SM_META).map_err(sm_write)?;
+            let t = tx.open_table(SNAPSHOT).map_err(sm_write)?;
             let meta: Option<Meta> = match t.get(KEY_SNAPSHOT_META).map_err(sm_write)? {
                 Some(v) => db::from_json(v.value()).map_err(sm_write)?,
                 None => None,
@@ -454,7 +455,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         // Meta and data from one read transaction, so they always belong together.
         let tx = self.db.begin_read().map_err(sm_read)?;
-        let t = tx.open_table(SM_META).map_err(sm_read)?;
+        let t = tx.open_table(SNAPSHOT).map_err(sm_read)?;
         let meta: Meta = match t.get(KEY_SNAPSHOT_META).map_err(sm_read)? {
             Some(v) => db::from_json(v.value()).map_err(sm_read)?,
             None => return Ok(None),

@@ -370,3 +370,40 @@ async fn a_late_build_never_replaces_a_newer_installed_snapshot() {
     assert_eq!(current.meta, newer.meta, "the newer snapshot stays current");
     assert_eq!(sm.applied_state().await.unwrap().0, newer.meta.last_log_id);
 }
+
+/// A file from before the snapshot had a table of its own keeps its snapshot after an upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_kept_in_the_old_layout_is_moved_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.redb");
+    let snap = {
+        let store = Store::open(&path).unwrap();
+        let node = Node::start_single(1, Member::default(), &store, raft_config(1000, 0).unwrap())
+            .await
+            .unwrap();
+        node.write(put("service", "chat", r#"{"v":1}"#, None)).await.unwrap();
+        node.shutdown().await.unwrap();
+        let mut sm = store.state_machine();
+        let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        // Rewrite the file into the old layout: snapshot keys in `sm_meta`.
+        let tx = store.db.begin_write().unwrap();
+        {
+            let mut snapshot = tx.open_table(super::db::SNAPSHOT).unwrap();
+            let mut meta = tx.open_table(super::db::SM_META).unwrap();
+            for key in [super::db::KEY_SNAPSHOT_META, super::db::KEY_SNAPSHOT_DATA] {
+                let v = snapshot.remove(key).unwrap().expect("snapshot key").value().to_vec();
+                meta.insert(key, v.as_slice()).unwrap();
+            }
+        }
+        tx.commit().unwrap();
+        snap
+    };
+    let store = Store::open(&path).unwrap();
+    let mut sm = store.state_machine();
+    let cur = sm.get_current_snapshot().await.unwrap().expect("snapshot survives the upgrade");
+    assert_eq!(cur.meta, snap.meta);
+    assert_eq!(cur.snapshot.get_ref(), snap.snapshot.get_ref());
+    let tx = redb::ReadableDatabase::begin_read(&*store.db).unwrap();
+    let meta = tx.open_table(super::db::SM_META).unwrap();
+    assert!(meta.get(super::db::KEY_SNAPSHOT_DATA).unwrap().is_none(), "no second copy left behind");
+}
