@@ -59,10 +59,10 @@ fn move_snapshot_out_of_sm_meta(tx: &redb::WriteTransaction) -> Result<(), redb:
     let mut meta = tx.open_table(SM_META)?;
     let mut snap = tx.open_table(SNAPSHOT)?;
     for key in [KEY_SNAPSHOT_META, KEY_SNAPSHOT_DATA] {
-        if let Some(v) = meta.remove(key)? {
-            if snap.get(key)?.is_none() {
-                snap.insert(key, v.value())?;
-            }
+        if let Some(v) = meta.remove(key)?
+            && snap.get(key)?.is_none()
+        {
+            snap.insert(key, v.value())?;
         }
     }
     Ok(())
