@@ -5,9 +5,11 @@
 //! - `log`: `RaftLogStorage` (one fsynced transaction per append batch).
 //! - `state`: `RaftStateMachine` (resources with revisions, history, snapshots).
 //! - `network`: a placeholder transport for single-node clusters.
+//! - `propose`: gathers concurrent writes into one log entry each round.
 //!
-//! A resource's revision is the log index of the write that produced it, so revisions grow
-//! across restarts and can version xDS pushes on any node.
+//! A resource's revision is the log index of the entry that wrote it, so revisions grow
+//! across restarts and can version xDS pushes on any node. Writes batched into one entry share
+//! its index, like the keys of one etcd transaction (a batch never writes a key twice).
 
 // openraft's trait methods return `StorageError` (about 224 bytes); the helpers here return the
 // same type so errors pass through unchanged. Boxing would only add conversions at every trait
@@ -17,6 +19,7 @@
 mod db;
 pub mod log;
 pub mod network;
+pub mod propose;
 pub mod state;
 pub mod types;
 
@@ -32,8 +35,8 @@ pub use log::LogStore;
 pub use network::NoNetwork;
 pub use state::{SnapshotState, StateMachineStore};
 pub use types::{
-    Command, CommandError, CommandResult, ConfigRaft, HistoryEntry, Member, NodeId, Resource,
-    TypeConfig,
+    Command, CommandError, CommandResult, ConfigRaft, HistoryEntry, Member, NodeId, Proposal,
+    Resource, TypeConfig,
 };
 
 /// Everything that can go wrong using the store, as values a caller can match on.
@@ -141,6 +144,7 @@ pub struct Node {
     id: NodeId,
     raft: ConfigRaft,
     state: StateMachineStore,
+    proposer: propose::Proposer,
     /// Tracks the storage copies openraft owns: openraft's background tasks may outlive
     /// `Raft::shutdown` by a moment, and redb refuses a second open while they hold the file.
     lease: std::sync::Weak<()>,
@@ -182,6 +186,7 @@ impl Node {
             .map_err(raft_err)?;
         Ok(Self {
             id,
+            proposer: propose::Proposer::start(raft.clone()),
             raft,
             state: store.state_machine(),
             lease: weak,
@@ -295,7 +300,7 @@ impl Node {
         &self.raft
     }
 
-    /// Replicates `cmd` and returns the new revision (its log index) once it is committed and
+    /// Replicates `cmd` and returns the new revision (its entry's log index) once it is committed and
     /// applied; a refused command (conflict, not found, bad JSON) is `StoreError::Rejected`.
     pub async fn write(&self, cmd: Command) -> Result<u64, StoreError> {
         self.write_changed(cmd).await.map(|(revision, _)| revision)
@@ -303,14 +308,9 @@ impl Node {
 
     /// Like [`Node::write`], also telling whether the write changed anything: a `Put` of the
     /// value already stored keeps the old revision (see the state machine).
+    /// Concurrent writes share log entries (see `propose`).
     pub async fn write_changed(&self, cmd: Command) -> Result<(u64, bool), StoreError> {
-        match self.raft.client_write(cmd).await {
-            Ok(resp) => {
-                let revision = resp.data.map_err(StoreError::Rejected)?;
-                Ok((revision, revision == resp.log_id.index))
-            }
-            Err(e) => Err(leader_or(e)),
-        }
+        self.proposer.write(cmd).await
     }
 
     /// Waits until this node can serve a linearizable read (it is leader, confirmed by a

@@ -355,7 +355,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok((last.flatten(), membership.unwrap_or_default()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandResult>, StorageError<NodeId>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<CommandResult>>, StorageError<NodeId>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -375,18 +375,27 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let index = entry.log_id.index;
             last = Some(entry.log_id);
             match &entry.payload {
-                EntryPayload::Blank => out.push(Ok(index)),
-                EntryPayload::Normal(cmd) => {
-                    let result = apply_command(&tx, index, cmd)?;
-                    if result.is_ok() {
-                        let (Command::Put { kind, name, .. } | Command::Delete { kind, name, .. }) = cmd;
-                        touched.push((kind.clone(), name.clone()));
+                EntryPayload::Blank => out.push(vec![Ok(index)]),
+                EntryPayload::Normal(proposal) => {
+                    let mut results = Vec::with_capacity(proposal.commands().len());
+                    let mut seen = std::collections::HashSet::new();
+                    for cmd in proposal.commands() {
+                        let (kind, name) = cmd.key();
+                        let result = if seen.insert((kind, name)) {
+                            apply_command(&tx, index, cmd)?
+                        } else {
+                            Err(CommandError::DuplicateInBatch { kind: kind.into(), name: name.into() })
+                        };
+                        if result.is_ok() {
+                            touched.push((kind.to_string(), name.to_string()));
+                        }
+                        results.push(result);
                     }
-                    out.push(result);
+                    out.push(results);
                 }
                 EntryPayload::Membership(m) => {
                     membership = Some(Membership::new(Some(entry.log_id), m.clone()));
-                    out.push(Ok(index));
+                    out.push(vec![Ok(index)]);
                 }
             }
         }

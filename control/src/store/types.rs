@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 openraft::declare_raft_types!(
     /// Type configuration of weft's config store.
     pub TypeConfig:
-        D            = Command,
-        R            = CommandResult,
+        D            = Proposal,
+        R            = Vec<CommandResult>,
         NodeId       = u64,
         Node         = Member,
         Entry        = openraft::Entry<TypeConfig>,
@@ -66,6 +66,47 @@ pub enum Command {
     },
 }
 
+/// One Raft log entry's payload: a single command, or a batch of commands on distinct keys that
+/// the proposer (`store::propose`) gathered from concurrent writers so they share one append,
+/// one fsync and one replication round. Every command of a batch gets the entry's log index as
+/// its revision, like the keys of one etcd transaction. Untagged so entries written before
+/// batching (a bare `Command`) still decode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Proposal {
+    One(Command),
+    Batch(Vec<Command>),
+}
+
+impl Proposal {
+    /// The commands in order.
+    pub fn commands(&self) -> &[Command] {
+        match self {
+            Self::One(c) => std::slice::from_ref(c),
+            Self::Batch(v) => v,
+        }
+    }
+}
+
+impl Command {
+    /// `(kind, name)` of the resource the command writes.
+    pub fn key(&self) -> (&str, &str) {
+        match self {
+            Self::Put { kind, name, .. } | Self::Delete { kind, name, .. } => (kind, name),
+        }
+    }
+
+    /// Bytes the command adds to a log entry, roughly (for bounding batches).
+    pub fn size_hint(&self) -> usize {
+        let (kind, name) = self.key();
+        let value = match self {
+            Self::Put { value_json, .. } => value_json.len(),
+            Self::Delete { .. } => 0,
+        };
+        kind.len() + name.len() + value + 64
+    }
+}
+
 /// Why the state machine refused a command. Refusals are committed log entries with a
 /// deterministic outcome on every node, never panics.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,6 +128,9 @@ pub enum CommandError {
     },
     /// Kind or name is empty or contains '/' (the key separator).
     InvalidKey { kind: String, name: String },
+    /// A batch wrote the same key twice (both would get one revision; the proposer never
+    /// builds such a batch, so this only guards the log format).
+    DuplicateInBatch { kind: String, name: String },
 }
 
 impl std::fmt::Display for CommandError {
@@ -108,14 +152,17 @@ impl std::fmt::Display for CommandError {
                 write!(f, "{kind}/{name}: invalid JSON: {error}")
             }
             Self::InvalidKey { kind, name } => write!(f, "invalid key {kind:?}/{name:?}"),
+            Self::DuplicateInBatch { kind, name } => {
+                write!(f, "{kind}/{name} written twice in one batch")
+            }
         }
     }
 }
 
 impl std::error::Error for CommandError {}
 
-/// What applying one log entry produced: the new revision (= the entry's log index) or a refusal.
-/// Blank and membership entries yield `Ok(index)`.
+/// What applying one command produced: the new revision (= the entry's log index) or a refusal.
+/// An entry yields one result per command; blank and membership entries yield `[Ok(index)]`.
 pub type CommandResult = Result<u64, CommandError>;
 
 /// A resource as stored: its JSON value and the revision (log index) that last wrote it.

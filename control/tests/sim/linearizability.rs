@@ -151,8 +151,9 @@ fn validate(ops: &[Operation]) -> Result<(), Violation> {
             }
         }
     }
-    // A log index holds one entry: two different writes cannot share a revision.
-    let mut by_rev: HashMap<u64, (&str, u64)> = HashMap::new();
+    // A log index holds one entry, which writes a key at most once (writes of different keys
+    // batched into one entry share its index): one (key, revision) holds one value.
+    let mut by_rev: HashMap<(&str, u64), u64> = HashMap::new();
     for o in ops {
         if o.call >= o.ret {
             return Err(bad(o, "returns before it is called".into()));
@@ -180,15 +181,12 @@ fn validate(ops: &[Operation]) -> Result<(), Violation> {
             if rev == 0 {
                 return Err(bad(o, "revision 0 is never a write".into()));
             }
-            if let Some(&(k, v)) = by_rev.get(&rev)
-                && (k != o.key || v != value)
+            if let Some(&v) = by_rev.get(&(o.key.as_str(), rev))
+                && v != value
             {
-                return Err(bad(
-                    o,
-                    format!("revision {rev} also holds value {v} of key {k:?}"),
-                ));
+                return Err(bad(o, format!("revision {rev} of this key also holds value {v}")));
             }
-            by_rev.insert(rev, (o.key.as_str(), value));
+            by_rev.insert((o.key.as_str(), rev), value);
         }
     }
     Ok(())
