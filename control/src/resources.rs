@@ -141,11 +141,34 @@ fn parse<T: serde::de::DeserializeOwned>(spec: &Value) -> Result<T, FieldError> 
 /// The proxy's compiler run on `cfg`; its errors (`services.NAME.routes.r.cluster: ...`) are
 /// made relative to the spec being validated (`routes.r.cluster`).
 fn compile(cfg: Config, prefix: &str) -> Result<(), FieldError> {
-    let tel = weft_proxy::telemetry::Telemetry::new(&cfg.node);
-    weft_proxy::Snapshot::compile(cfg, None, 1, &tel).map(|_| ()).map_err(|e| {
+    let result = with_scratch_telemetry(|tel| weft_proxy::Snapshot::compile(cfg, None, 1, tel).map(|_| ()));
+    result.map_err(|e| {
         let (field, message) = e.split_once(": ").unwrap_or(("", e.as_str()));
         let field = field.strip_prefix(prefix).map(|f| f.trim_start_matches('.')).unwrap_or(field);
         err(field, message)
+    })
+}
+
+/// Runs `f` with a metrics registry nobody reads. The proxy's compiler registers each
+/// cluster's and variant's metrics as it builds them; a fresh Prometheus recorder per
+/// validation cost about as much as the rest of it (its registry probes the CPU count through
+/// cgroup files), so each thread keeps one and replaces it every `REUSES` validations, which
+/// bounds the series that validated-but-discarded names leave behind.
+fn with_scratch_telemetry<R>(f: impl FnOnce(&weft_proxy::telemetry::Telemetry) -> R) -> R {
+    use std::cell::RefCell;
+    use weft_proxy::telemetry::Telemetry;
+    const REUSES: u32 = 256;
+    thread_local! {
+        static SCRATCH: RefCell<Option<(Telemetry, u32)>> = const { RefCell::new(None) };
+    }
+    SCRATCH.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_none_or(|(_, uses)| *uses >= REUSES) {
+            *slot = Some((Telemetry::new(&config::Node::default()), 0));
+        }
+        let (tel, uses) = slot.as_mut().expect("set above");
+        *uses += 1;
+        f(tel)
     })
 }
 

@@ -28,8 +28,6 @@ pub(crate) const RESOURCES: TableDefinition<&str, &[u8]> = TableDefinition::new(
 pub(crate) const HISTORY: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("history");
 
 pub(crate) const KEY_VOTE: &str = "vote";
-/// Count of group commits by the log flusher (a durable commit must write something).
-pub(crate) const KEY_FLUSHES: &str = "flushes";
 pub(crate) const KEY_COMMITTED: &str = "committed";
 pub(crate) const KEY_LAST_PURGED: &str = "last_purged";
 pub(crate) const KEY_LAST_APPLIED: &str = "last_applied";

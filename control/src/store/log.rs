@@ -1,82 +1,64 @@
 //! `RaftLogStorage` on redb: the log, the vote, and the committed/purged ids.
 //!
-//! Group commit: `append` writes its entries in a redb transaction without an fsync (so they are
-//! readable at once, as openraft requires) and hands the flush callback to a flusher thread.
-//! The flusher takes every callback waiting, makes all those writes durable with one fsynced
-//! commit, and only then tells openraft they are durable. openraft 0.9 appends each client
-//! write on its own, so without this every write paid a sequential fsync on the leader; with
-//! it, concurrent writes share one.
+//! Each append is one fsynced redb transaction, run on Tokio's blocking pool; openraft is told
+//! the entries are durable when it returns. openraft 0.9 waits for each append's flush before it
+//! handles its next message, so several appends are never waiting at once and a log-level
+//! group commit has nothing to group (it used to cost a second transaction per append).
+//! Batching happens above openraft instead (`propose`): one entry per batch of writes.
+//!
+//! A redb commit costs far more CPU than its fsync on a fast disk, so the store keeps their
+//! number down: the committed id (a restart hint openraft may lose) is kept in memory and
+//! written by the next append's transaction rather than in one of its own.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
-
-use tokio::sync::mpsc;
+use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::db::{self, KEY_COMMITTED, KEY_FLUSHES, KEY_LAST_PURGED, KEY_VOTE, LOG, RAFT_META};
+use super::db::{self, KEY_COMMITTED, KEY_LAST_PURGED, KEY_VOTE, LOG, RAFT_META};
 use super::types::{NodeId, TypeConfig};
+
+/// The committed id as openraft last reported it, and whether the file has it yet.
+#[derive(Default)]
+struct Committed {
+    id: Option<LogId<NodeId>>,
+    unsaved: bool,
+}
 
 /// Log store handle; cheap to clone (the reader openraft asks for is a clone).
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<redb::Database>,
-    /// Where flush callbacks go; the flusher task ends when the last clone is dropped.
-    flush: mpsc::UnboundedSender<LogFlushed<TypeConfig>>,
+    committed: Arc<Mutex<Committed>>,
     /// Held by every copy openraft owns, so `Node::shutdown` can wait until they are gone.
     _lease: Option<Arc<()>>,
 }
 
 impl LogStore {
     pub(crate) fn new(db: Arc<redb::Database>, lease: Option<Arc<()>>) -> Self {
-        let (flush, pending) = mpsc::unbounded_channel();
-        tokio::spawn(flusher(Arc::downgrade(&db), pending, lease.clone()));
-        Self { db, flush, _lease: lease }
+        Self { db, committed: Arc::default(), _lease: lease }
     }
 
     fn last_purged(&self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
         db::read_meta(&self.db, RAFT_META, KEY_LAST_PURGED)
     }
-}
 
-/// The flusher: one fsynced commit per batch of waiting appends, then their callbacks. An
-/// fsync failure is reported to every waiting append (never a silent success). The commit runs
-/// on tokio's blocking pool (which also keeps a paused test clock from jumping past it).
-///
-/// It holds the database weakly, so dropping the last store handle closes the file at once.
-async fn flusher(
-    db: std::sync::Weak<redb::Database>,
-    mut pending: mpsc::UnboundedReceiver<LogFlushed<TypeConfig>>,
-    _lease: Option<Arc<()>>,
-) {
-    let mut seq: u64 = 0;
-    while let Some(first) = pending.recv().await {
-        let mut batch = vec![first];
-        while let Ok(more) = pending.try_recv() {
-            batch.push(more);
-        }
-        seq += 1;
-        let db = db.clone();
-        let commit = move || -> Result<(), String> {
-            let db = db.upgrade().ok_or("the store was closed before the log was flushed")?;
-            // A durable commit persists every earlier non-durable one; it must change
-            // something, so it records how many flushes this process made.
-            let tx = db.begin_write().map_err(|e| e.to_string())?;
-            {
-                let mut meta = tx.open_table(RAFT_META).map_err(|e| e.to_string())?;
-                meta.insert(KEY_FLUSHES, seq.to_le_bytes().as_slice()).map_err(|e| e.to_string())?;
+    /// The committed id to write with the next transaction, if the file lacks it.
+    fn committed_to_save(&self) -> Option<Option<LogId<NodeId>>> {
+        let c = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+        c.unsaved.then_some(c.id)
+    }
+
+    /// Marks `saved` as in the file, unless a newer id arrived meanwhile.
+    fn committed_saved(&self, saved: Option<Option<LogId<NodeId>>>) {
+        if let Some(saved) = saved {
+            let mut c = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+            if c.id == saved {
+                c.unsaved = false;
             }
-            tx.commit().map_err(|e| e.to_string())
-        };
-        let durable = match tokio::task::spawn_blocking(commit).await {
-            Ok(r) => r,
-            Err(e) => Err(format!("log flush task failed: {e}")),
-        };
-        for callback in batch {
-            callback.log_io_completed(durable.clone().map_err(std::io::Error::other));
         }
     }
 }
@@ -150,11 +132,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), StorageError<NodeId>> {
         // The committed id is a hint that speeds up restart (openraft re-applies up to it); it
-        // may be lost in a crash, so it skips the fsync that every commit round would pay.
-        db::write_meta(&self.db, RAFT_META, KEY_COMMITTED, &committed, false)
+        // may be lost in a crash, so it rides on the next append or purge instead of paying a
+        // transaction per commit round.
+        let mut c = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+        c.id = committed;
+        c.unsaved = true;
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+        if let Some(id) = self.committed.lock().unwrap_or_else(|e| e.into_inner()).id {
+            return Ok(Some(id));
+        }
         Ok(db::read_meta::<Option<LogId<NodeId>>>(&self.db, RAFT_META, KEY_COMMITTED)?.flatten())
     }
 
@@ -168,26 +157,46 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let werr = |e| -> StorageError<NodeId> { StorageIOError::write_logs(e).into() };
-        let mut tx = self.db.begin_write().map_err(|e| werr(db::any(e)))?;
-        // Readable now, durable when the flusher's next fsynced commit lands.
-        tx.set_durability(redb::Durability::None)
-            .map_err(|e| werr(db::any(e)))?;
-        {
-            let mut t = tx.open_table(LOG).map_err(|e| werr(db::any(e)))?;
-            for entry in entries {
-                let bytes = db::to_json(&entry).map_err(|e| werr(db::any(e)))?;
-                t.insert(entry.log_id.index, bytes.as_slice())
-                    .map_err(|e| werr(db::any(e)))?;
+        let mut rows = Vec::new();
+        for entry in entries {
+            rows.push((entry.log_id.index, db::to_json(&entry).map_err(|e| werr(db::any(e)))?));
+        }
+        let committed = self.committed_to_save();
+        let committed_json = match committed {
+            Some(c) => Some(db::to_json(&c).map_err(|e| werr(db::any(e)))?),
+            None => None,
+        };
+        let database = self.db.clone();
+        // The fsync blocks; keep it off the runtime's worker threads.
+        let commit = move || -> Result<(), redb::Error> {
+            let tx = database.begin_write()?;
+            {
+                let mut t = tx.open_table(LOG)?;
+                for (index, bytes) in &rows {
+                    t.insert(*index, bytes.as_slice())?;
+                }
+                if let Some(c) = &committed_json {
+                    tx.open_table(RAFT_META)?.insert(KEY_COMMITTED, c.as_slice())?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        };
+        let result = match tokio::task::spawn_blocking(commit).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(format!("log append task failed: {e}")),
+        };
+        match result {
+            Ok(()) => {
+                self.committed_saved(committed);
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.clone())));
+                Err(werr(openraft::AnyError::error(e)))
             }
         }
-        if let Err(e) = tx.commit() {
-            callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-            return Err(werr(db::any(e)));
-        }
-        if let Err(mpsc::error::SendError(callback)) = self.flush.send(callback) {
-            callback.log_io_completed(Err(std::io::Error::other("the log flusher has stopped")));
-        }
-        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
