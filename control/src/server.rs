@@ -141,6 +141,10 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         let shutdown = async move {
             let _ = s.wait_for(|v| *v).await;
         };
+        // No Nagle delay on responses (Raft RPC answers are on this listener too).
+        let api_listener = axum::serve::ListenerExt::tap_io(api_listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         if let Err(e) = axum::serve(api_listener, app).with_graceful_shutdown(shutdown).await {
             tracing::error!(error = %e, "API server failed");
         }

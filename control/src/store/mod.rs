@@ -91,6 +91,7 @@ impl Store {
     /// Opens or creates the store file at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let db = db::open(path.as_ref()).map_err(StoreError::Open)?;
+        state::upgrade_history(&db).map_err(StoreError::Open)?;
         let changes = state::Changes { everything: true, ..Default::default() };
         Ok(Self { db: Arc::new(db), changes: Arc::new(std::sync::Mutex::new(changes)) })
     }

@@ -16,7 +16,7 @@ use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
 use super::db::{
-    self, HISTORY, KEY_LAST_APPLIED, KEY_MEMBERSHIP, KEY_SNAPSHOT_DATA, KEY_SNAPSHOT_META,
+    self, DELETED, HISTORY, KEY_LAST_APPLIED, OLD_HISTORY, KEY_MEMBERSHIP, KEY_SNAPSHOT_DATA, KEY_SNAPSHOT_META,
     RESOURCES, SM_META, SNAPSHOT,
 };
 use super::types::{
@@ -115,19 +115,25 @@ impl StateMachineStore {
     ) -> Result<Vec<HistoryEntry>, StorageError<NodeId>> {
         let key = db::resource_key(kind, name);
         let tx = self.db.begin_read().map_err(sm_read)?;
+        let head = match tx.open_table(RESOURCES).map_err(sm_read)?.get(key.as_str()).map_err(sm_read)? {
+            Some(v) => db::from_json::<Resource>(v.value()).map_err(sm_read)?.revision,
+            None => match tx.open_table(DELETED).map_err(sm_read)?.get(key.as_str()).map_err(sm_read)? {
+                Some(rev) => rev.value(),
+                None => return Ok(Vec::new()),
+            },
+        };
         let t = tx.open_table(HISTORY).map_err(sm_read)?;
         let mut out = Vec::new();
-        for item in t
-            .range((key.as_str(), 0u64)..=(key.as_str(), u64::MAX))
-            .map_err(sm_read)?
-        {
-            let (k, v) = item.map_err(sm_read)?;
-            let value_json: Option<String> = db::from_json(v.value()).map_err(sm_read)?;
-            out.push(HistoryEntry {
-                revision: k.value().1,
-                value_json,
-            });
+        let mut revision = head;
+        while revision != 0 {
+            let Some(v) = t.get((revision, key.as_str())).map_err(sm_read)? else {
+                break; // compacted away, or written before history was kept
+            };
+            let row: HistoryRow = db::from_json(v.value()).map_err(sm_read)?;
+            out.push(HistoryEntry { revision, value_json: row.value });
+            revision = row.prev;
         }
+        out.reverse();
         Ok(out)
     }
 
@@ -161,12 +167,9 @@ impl StateMachineStore {
         let hist = tx.open_table(HISTORY).map_err(sm_read)?;
         for item in hist.iter().map_err(sm_read)? {
             let (k, v) = item.map_err(sm_read)?;
-            let (key, rev) = k.value();
-            state.history.push((
-                key.to_string(),
-                rev,
-                db::from_json(v.value()).map_err(sm_read)?,
-            ));
+            let (rev, key) = k.value();
+            let row: HistoryRow = db::from_json(v.value()).map_err(sm_read)?;
+            state.history.push((key.to_string(), rev, row.value));
         }
         Ok((last_applied, membership, state))
     }
@@ -217,6 +220,12 @@ fn apply_command(
         }));
     }
     let mut hist = tx.open_table(HISTORY).map_err(sm_write)?;
+    let mut deleted = tx.open_table(DELETED).map_err(sm_write)?;
+    // The key's previous revision: its current one, or the delete that removed it.
+    let prev = match &current {
+        Some(c) => c.revision,
+        None => deleted.get(key.as_str()).map_err(sm_write)?.map(|r| r.value()).unwrap_or(0),
+    };
     match cmd {
         Command::Put { value_json, .. } => {
             if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(value_json) {
@@ -240,9 +249,12 @@ fn apply_command(
             let bytes = db::to_json(&r).map_err(sm_write)?;
             res.insert(key.as_str(), bytes.as_slice())
                 .map_err(sm_write)?;
-            let hb = db::to_json(&Some(value_json)).map_err(sm_write)?;
-            hist.insert((key.as_str(), index), hb.as_slice())
+            let hb = db::to_json(&HistoryRow { value: Some(value_json.clone()), prev }).map_err(sm_write)?;
+            hist.insert((index, key.as_str()), hb.as_slice())
                 .map_err(sm_write)?;
+            if current.is_none() && prev != 0 {
+                deleted.remove(key.as_str()).map_err(sm_write)?;
+            }
         }
         Command::Delete { .. } => {
             if current.is_none() {
@@ -252,12 +264,75 @@ fn apply_command(
                 }));
             }
             res.remove(key.as_str()).map_err(sm_write)?;
-            let hb = db::to_json(&None::<String>).map_err(sm_write)?;
-            hist.insert((key.as_str(), index), hb.as_slice())
+            let hb = db::to_json(&HistoryRow { value: None, prev }).map_err(sm_write)?;
+            hist.insert((index, key.as_str()), hb.as_slice())
                 .map_err(sm_write)?;
+            deleted.insert(key.as_str(), index).map_err(sm_write)?;
         }
     }
     Ok(Ok(index))
+}
+
+/// One write in `HISTORY`: the value (None for a delete) and the key's previous revision
+/// (0 = none), which chains a key's history without a per-key index.
+#[derive(Debug, Serialize, Deserialize)]
+struct HistoryRow {
+    #[serde(rename = "v")]
+    value: Option<String>,
+    #[serde(rename = "p")]
+    prev: u64,
+}
+
+/// Replaces `HISTORY` and `DELETED` with `rows` (`kind/name`, revision, value), linking each
+/// key's revisions in order; a key whose newest row is a delete gets a `DELETED` head.
+fn write_history(tx: &WriteTransaction, rows: &[(String, u64, Option<String>)]) -> Result<(), redb::Error> {
+    let mut by_key: std::collections::BTreeMap<&str, Vec<(u64, &Option<String>)>> = Default::default();
+    for (key, rev, value) in rows {
+        by_key.entry(key.as_str()).or_default().push((*rev, value));
+    }
+    let mut hist = tx.open_table(HISTORY)?;
+    hist.retain(|_, _| false)?;
+    let mut deleted = tx.open_table(DELETED)?;
+    deleted.retain(|_, _| false)?;
+    for (key, mut revs) in by_key {
+        revs.sort_by_key(|(rev, _)| *rev);
+        let mut prev = 0;
+        for (rev, value) in &revs {
+            let row = HistoryRow { value: (*value).clone(), prev };
+            let bytes = serde_json::to_vec(&row).map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+            hist.insert((*rev, key), bytes.as_slice())?;
+            prev = *rev;
+        }
+        if let Some((rev, None)) = revs.last() {
+            deleted.insert(key, *rev)?;
+        }
+    }
+    Ok(())
+}
+
+/// Converts a file's history from the layout before `HISTORY` (keyed by `kind/name` first),
+/// in one transaction; a no-op when there is nothing to convert.
+pub(crate) fn upgrade_history(db: &redb::Database) -> Result<(), redb::Error> {
+    let tx = db.begin_write()?;
+    let rows = {
+        let old = tx.open_table(OLD_HISTORY)?;
+        let mut rows = Vec::new();
+        for item in old.iter()? {
+            let (k, v) = item?;
+            let (key, rev) = k.value();
+            let value: Option<String> =
+                serde_json::from_slice(v.value()).map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+            rows.push((key.to_string(), rev, value));
+        }
+        rows
+    };
+    if rows.is_empty() {
+        return Ok(());
+    }
+    write_history(&tx, &rows)?;
+    tx.delete_table(OLD_HISTORY)?;
+    tx.commit()?;
+    Ok(())
 }
 
 fn put_meta<T: Serialize>(
@@ -442,14 +517,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 )
                 .map_err(sm_write)?;
             }
-            let mut hist = tx.open_table(HISTORY).map_err(sm_write)?;
-            hist.retain(|_, _| false).map_err(sm_write)?;
-            for (key, rev, v) in &state.history {
-                let bytes = db::to_json(v).map_err(sm_write)?;
-                hist.insert((key.as_str(), *rev), bytes.as_slice())
-                    .map_err(sm_write)?;
-            }
         }
+        write_history(&tx, &state.history).map_err(sm_write)?;
         put_meta(&tx, KEY_LAST_APPLIED, &meta.last_log_id)?;
         put_meta(&tx, KEY_MEMBERSHIP, &meta.last_membership)?;
         put_snapshot(&tx, meta, &data)?;

@@ -407,3 +407,63 @@ async fn snapshot_kept_in_the_old_layout_is_moved_on_open() {
     let meta = tx.open_table(super::db::SM_META).unwrap();
     assert!(meta.get(super::db::KEY_SNAPSHOT_DATA).unwrap().is_none(), "no second copy left behind");
 }
+
+fn values(h: &[HistoryEntry]) -> Vec<Option<&str>> {
+    h.iter().map(|e| e.value_json.as_deref()).collect()
+}
+
+/// A key's history survives deletes and re-creates, and is the same after a snapshot install.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_spans_deletes_and_recreates() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("h.redb")).unwrap();
+    let node = Node::start_single(1, Member::default(), &store, raft_config(1000, 0).unwrap()).await.unwrap();
+    node.write(put("s", "a", "1", None)).await.unwrap();
+    node.write(put("s", "b", "1", None)).await.unwrap();
+    node.write(put("s", "a", "2", None)).await.unwrap();
+    node.write(del("s", "a", None)).await.unwrap();
+    assert_eq!(values(&node.local().history("s", "a").unwrap()), [Some("1"), Some("2"), None]);
+    node.write(put("s", "a", "3", None)).await.unwrap();
+    let h = node.local().history("s", "a").unwrap();
+    assert_eq!(values(&h), [Some("1"), Some("2"), None, Some("3")]);
+    assert!(h.windows(2).all(|w| w[0].revision < w[1].revision));
+    assert_eq!(values(&node.local().history("s", "b").unwrap()), [Some("1")]);
+    assert!(node.local().history("s", "never").unwrap().is_empty());
+    node.shutdown().await.unwrap();
+
+    let mut sm = store.state_machine();
+    let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let other = Store::open(dir.path().join("o.redb")).unwrap();
+    other.state_machine().install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+    assert_eq!(other.state_machine().history("s", "a").unwrap(), h);
+}
+
+/// A file written with history keyed by name first is converted on open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_in_the_old_layout_is_converted_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.redb");
+    {
+        let store = Store::open(&path).unwrap();
+        let tx = store.db.begin_write().unwrap();
+        {
+            let mut old = tx.open_table(super::db::OLD_HISTORY).unwrap();
+            for (rev, v) in [(3u64, Some("1")), (5, Some("2")), (7, None)] {
+                old.insert(("s/gone", rev), serde_json::to_vec(&v).unwrap().as_slice()).unwrap();
+            }
+            old.insert(("s/live", 4), serde_json::to_vec(&Some("x")).unwrap().as_slice()).unwrap();
+            let r = Resource { kind: "s".into(), name: "live".into(), value_json: "x".into(), revision: 4 };
+            tx.open_table(super::db::RESOURCES)
+                .unwrap()
+                .insert("s/live", serde_json::to_vec(&r).unwrap().as_slice())
+                .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let sm = store.state_machine();
+    let gone = sm.history("s", "gone").unwrap();
+    assert_eq!(values(&gone), [Some("1"), Some("2"), None]);
+    assert_eq!(gone.iter().map(|h| h.revision).collect::<Vec<_>>(), [3, 5, 7]);
+    assert_eq!(values(&sm.history("s", "live").unwrap()), [Some("x")]);
+}
