@@ -12,6 +12,7 @@
 pub mod api;
 pub mod cli;
 pub mod fault;
+pub mod placements;
 pub mod publish;
 pub mod reports;
 pub mod resources;

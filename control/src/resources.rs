@@ -28,11 +28,23 @@ pub enum Kind {
     Endpoints,
     Experiments,
     Services,
+    /// The GPU inventory the scheduler places on (a scheduler `NodeSpec` each).
+    Nodes,
+    /// Where the scheduler placed each workload; written only by `POST /v1/schedule/apply`
+    /// (deleting one releases its capacity).
+    Placements,
 }
 
 impl Kind {
     /// In apply order: what others refer to comes first.
-    pub const ALL: [Kind; 4] = [Kind::Clusters, Kind::Endpoints, Kind::Experiments, Kind::Services];
+    pub const ALL: [Kind; 6] =
+        [Kind::Clusters, Kind::Endpoints, Kind::Experiments, Kind::Services, Kind::Nodes, Kind::Placements];
+
+    /// Whether specs of this kind are written through the resource API (placements are the
+    /// scheduler's output: writing one by hand would bypass its capacity checks).
+    pub fn user_writable(self) -> bool {
+        self != Kind::Placements
+    }
 
     /// The URL segment and store key prefix.
     pub fn as_str(self) -> &'static str {
@@ -41,6 +53,8 @@ impl Kind {
             Kind::Endpoints => "endpoints",
             Kind::Experiments => "experiments",
             Kind::Services => "services",
+            Kind::Nodes => "nodes",
+            Kind::Placements => "placements",
         }
     }
 
@@ -51,6 +65,8 @@ impl Kind {
             Kind::Endpoints => "Endpoints",
             Kind::Experiments => "Experiment",
             Kind::Services => "Service",
+            Kind::Nodes => "Node",
+            Kind::Placements => "Placement",
         }
     }
 
@@ -286,6 +302,16 @@ pub fn validate(kind: Kind, name: &str, spec: &Value) -> Result<Valid, FieldErro
             compile(cfg, &format!("services.{name}"))?;
             Ok(Valid { json: to_json(&s), refs })
         }
+        Kind::Nodes => {
+            let n: crate::scheduler::inventory::NodeSpec = parse(&spec)?;
+            crate::scheduler::inventory::Cluster::new(vec![n.clone()])
+                .map_err(|e| err("", format!("not a usable node: {e:?}")))?;
+            Ok(Valid { json: to_json(&n), refs: vec![] })
+        }
+        Kind::Placements => Err(err(
+            "",
+            "placements are written by the scheduler (POST /v1/schedule/apply); DELETE releases one",
+        )),
     }
 }
 
@@ -370,6 +396,11 @@ fn convert(r: &Resource) -> Converted {
         "services" => {
             if let Ok(sv) = serde_json::from_str::<config::Service>(&r.value_json) {
                 c.body = Some((typeurl::SERVICE, sv.name.clone(), to_any(&encode::service(&sv))));
+            }
+        }
+        "placements" => {
+            if let Ok(p) = serde_json::from_str::<crate::placements::PlacementRecord>(&r.value_json) {
+                c.body = Some((typeurl::PLACEMENT, r.name.clone(), to_any(&crate::placements::to_xds(&r.name, &p))));
             }
         }
         _ => {}
@@ -514,5 +545,25 @@ mod tests {
         let eps: v1::Endpoints = weft_xds::resources::from_any(&e.body).unwrap();
         let summary: Vec<_> = eps.endpoints.iter().map(|e| (e.address.as_str(), e.healthy, e.node_id.as_str())).collect();
         assert_eq!(summary, vec![("10.0.0.1:80", true, ""), ("10.0.0.2:80", true, ""), ("10.0.0.3:80", false, "side-1")]);
+    }
+
+    #[test]
+    fn committed_placements_become_xds_placements() {
+        let record = json!({
+            "workload": {"kind": "replica", "name": "r-0", "variant": "a", "base_model": "m", "base_bytes": 10,
+                "delta_bytes": 1, "working_set_bytes": 1, "compute_milli": 500, "cpu_milli": 1, "memory_mib": 1, "priority": 2},
+            "allocations": [{"node": "gpu-1", "cpu_milli": 1, "memory_mib": 1,
+                "gpus": [{"gpu": 1, "milli": 500, "memory_bytes": 2}], "shared_base": {"base": "m", "bytes": 10}}]
+        });
+        let mut state = BTreeMap::new();
+        let r = Resource { kind: "placements".into(), name: "r-0".into(), value_json: record.to_string(), revision: 7 };
+        state.insert("placements".into(), vec![r]);
+        let snap = weft_xds::Snapshot::default().next(8, xds_resources(&state)).unwrap();
+        let e = &snap.entries(typeurl::PLACEMENT).unwrap()["r-0"];
+        assert_eq!(e.version, 7);
+        let p: v1::Placement = weft_xds::resources::from_any(&e.body).unwrap();
+        assert_eq!((p.kind.as_str(), p.variant.as_str(), p.priority), ("replica", "a", 2));
+        let a = &p.assignments[0];
+        assert_eq!((a.node.as_str(), a.gpus[0].index, a.gpus[0].milli, a.shared_base.as_str()), ("gpu-1", 1, 500, "m"));
     }
 }

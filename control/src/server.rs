@@ -130,6 +130,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         tokens: opts.tokens.clone(),
         peers,
         reports: reports.clone(),
+        schedule: tokio::sync::Mutex::new(()),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();

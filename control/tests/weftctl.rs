@@ -93,7 +93,7 @@ async fn json(server: &str, args: &[&str]) -> Value {
 /// `kind/name → revision` of everything stored: equal before and after = nothing written.
 async fn revisions(server: &str) -> BTreeMap<String, u64> {
     let mut all = BTreeMap::new();
-    for kind in ["clusters", "endpoints", "experiments", "services"] {
+    for kind in ["clusters", "endpoints", "experiments", "services", "nodes", "placements"] {
         for it in json(server, &["get", kind]).await.as_array().unwrap() {
             all.insert(format!("{kind}/{}", it["name"].as_str().unwrap()), it["revision"].as_u64().unwrap());
         }
@@ -347,4 +347,75 @@ async fn cluster_commands_and_server_failover() {
     let o = ctl("https://x:1", &["status"], None).await;
     assert_eq!(o.code, 2, "{o:?}");
     node.running.shutdown().await.unwrap();
+}
+
+const NODES: &str = "\
+kind: Node
+name: gpu-1
+spec:
+  cpu_milli: 64000
+  memory_mib: 512000
+  gpu_model: A100
+  gpu_count: 2
+  gpu_memory_bytes: 85899345920
+";
+
+/// Two variants of one 16 GiB base at half a GPU each, and one replica bigger than a GPU.
+const WORKLOADS: &str = "\
+workloads:
+  - {kind: replica, name: chat-a-0, variant: a, base_model: llama-8b, base_bytes: 17179869184, delta_bytes: 536870912, working_set_bytes: 4294967296, compute_milli: 500, cpu_milli: 1000, memory_mib: 4096}
+  - {kind: replica, name: chat-b-0, variant: b, base_model: llama-8b, base_bytes: 17179869184, delta_bytes: 536870912, working_set_bytes: 4294967296, compute_milli: 500, cpu_milli: 1000, memory_mib: 4096}
+  - {kind: replica, name: huge-0, variant: h, base_model: huge, base_bytes: 171798691840, delta_bytes: 0, working_set_bytes: 0, compute_milli: 1000, cpu_milli: 1000, memory_mib: 4096}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_plan_then_apply_commits_placements() {
+    let n = start().await;
+    let url = n.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+
+    // No inventory yet: a clear refusal.
+    let w = write(&dir, "w.yaml", WORKLOADS);
+    let o = ctl(url, &["schedule", "plan", "-f", &w], None).await;
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stderr.contains("no GPU inventory"), "{o:?}");
+
+    ok(url, &["apply", "-f", &write(&dir, "nodes.yaml", NODES)]).await;
+    let before = revisions(url).await;
+    let plan = json(url, &["schedule", "plan", "-f", &w]).await;
+    assert_eq!(plan["committed"], false);
+    let placed: Vec<&str> = plan["placed"].as_array().unwrap().iter().map(|p| p["workload"].as_str().unwrap()).collect();
+    assert_eq!(placed, ["chat-a-0", "chat-b-0"]);
+    assert_eq!(plan["unplaced"][0]["workload"], "huge-0");
+    assert_eq!(plan["unplaced"][0]["reason"], "too_large", "{plan}");
+    let a = &plan["placed"][0]["allocations"][0];
+    let b = &plan["placed"][1]["allocations"][0];
+    assert_eq!(a["gpus"][0]["gpu"], b["gpus"][0]["gpu"], "variants of one base share a GPU");
+    assert_eq!(b["shared_base"]["base"], "llama-8b");
+    assert_eq!(revisions(url).await, before, "a plan writes nothing");
+    let table = ok(url, &["schedule", "plan", "-f", &w]).await;
+    assert!(table.contains("chat-b-0") && table.contains("llama-8b") && table.contains("huge-0"), "{table}");
+
+    // Apply commits the placements; planning the same again refuses to place them twice.
+    let applied = json(url, &["schedule", "apply", "-f", &w]).await;
+    assert_eq!(applied["committed"], true);
+    let stored = json(url, &["get", "placements"]).await;
+    let names: Vec<&str> = stored.as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["chat-a-0", "chat-b-0"]);
+    assert_eq!(stored[0]["spec"]["allocations"][0]["node"], "gpu-1");
+    let again = json(url, &["schedule", "plan", "-f", &w]).await;
+    assert!(again["placed"].as_array().unwrap().is_empty(), "{again}");
+    assert!(again["unplaced"][0]["message"].as_str().unwrap().contains("already placed"), "{again}");
+
+    // Placements are the scheduler's: no hand edits; DELETE releases one.
+    let o = ctl(url, &["apply", "-f", &write(&dir, "p.yaml", "kind: Placement\nname: x\nspec: {}\n")], None).await;
+    assert_ne!(o.code, 0, "{o:?}");
+    ok(url, &["delete", "placement", "chat-a-0"]).await;
+    assert_eq!(json(url, &["get", "placements"]).await.as_array().unwrap().len(), 1);
+
+    // A bad workloads file never reaches the server.
+    let o = ctl(url, &["schedule", "plan", "-f", &write(&dir, "bad.yaml", "workloads:\n  - {kind: replica, name: r, compute_milli: lots}\n")], None).await;
+    assert_eq!(o.code, 2, "{o:?}");
+    assert!(o.stderr.contains("workloads[0]"), "{o:?}");
+    n.running.shutdown().await.unwrap();
 }

@@ -39,6 +39,18 @@ fn kind(segment: &str) -> ApiResult<Kind> {
     })
 }
 
+/// Refuses writes of specs to kinds only the control plane writes (405, saying how instead).
+fn writable(kind: Kind) -> ApiResult<Kind> {
+    if kind.user_writable() {
+        Ok(kind)
+    } else {
+        Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{kind} are written by the scheduler (POST /v1/schedule/apply); DELETE releases one"),
+        ))
+    }
+}
+
 fn local(q: &ReadQuery) -> ApiResult<bool> {
     match q.consistency.as_deref() {
         None | Some("linearizable") => Ok(false),
@@ -183,7 +195,7 @@ pub async fn put(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    let kind = kind(&k)?;
+    let kind = writable(kind(&k)?)?;
     let expect = precondition(&q, &headers)?;
     let spec = body_json(&body)?;
     write_spec(&st, kind, &name, &spec, expect, q.dry_run).await
@@ -245,7 +257,7 @@ pub async fn rollback(
     Path((k, name)): Path<(String, String)>,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    let kind = kind(&k)?;
+    let kind = writable(kind(&k)?)?;
     let b: RollbackBody = serde_json::from_value(body_json(&body)?)
         .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, format!("rollback body: {e}")))?;
     st.node.linearize().await?;

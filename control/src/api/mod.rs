@@ -16,6 +16,9 @@ mod cluster;
 mod crud;
 pub mod forward;
 mod openapi;
+mod schedule;
+
+pub use schedule::PlanRequest;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +49,8 @@ pub struct AppState {
     pub tokens: Tokens,
     pub peers: Arc<forward::Peers>,
     pub reports: Arc<crate::reports::Tracker>,
+    /// Held while a schedule apply plans and commits (see `schedule`).
+    pub schedule: tokio::sync::Mutex<()>,
 }
 
 impl AppState {
@@ -230,6 +235,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/proxies", get(cluster::proxies))
         .route("/internal/write", post(cluster::internal_write))
         .route("/v1/experiments/{name}/weights", post(crud::set_weights))
+        .route("/v1/schedule/plan", post(schedule::plan))
+        .route("/v1/schedule/apply", post(schedule::apply))
         .route("/v1/{kind}", get(crud::list))
         .route("/v1/{kind}/{name}", get(crud::get).put(crud::put).delete(crud::delete))
         .route("/v1/{kind}/{name}/history", get(crud::history))

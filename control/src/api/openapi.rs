@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 fn error_responses() -> Value {
     let e = json!({"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
     json!({
-        "400": e, "401": e, "403": e, "404": e, "409": e, "422": e, "503": e,
+        "400": e, "401": e, "403": e, "404": e, "405": e, "409": e, "422": e, "503": e,
     })
 }
 
@@ -23,7 +23,7 @@ fn responses(schema: Value) -> Value {
 
 pub async fn document() -> Json<Value> {
     let kind = json!({"name": "kind", "in": "path", "required": true,
-        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints"]}});
+        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints", "nodes", "placements"]}});
     let name = json!({"name": "name", "in": "path", "required": true,
         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,253}$"}});
     let consistency = json!({"name": "consistency", "in": "query", "required": false,
@@ -37,6 +37,8 @@ pub async fn document() -> Json<Value> {
     let item = json!({"$ref": "#/components/schemas/Item"});
     let write = json!({"$ref": "#/components/schemas/WriteResult"});
     let members = json!({"$ref": "#/components/schemas/Members"});
+    let plan_request = json!({"$ref": "#/components/schemas/PlanRequest"});
+    let plan_result = json!({"$ref": "#/components/schemas/PlanResult"});
     Json(json!({
         "openapi": "3.1.0",
         "info": {
@@ -56,6 +58,19 @@ pub async fn document() -> Json<Value> {
                 "WriteResult": {"type": "object", "required": ["kind", "name", "revision"], "properties": {
                     "kind": {"type": "string"}, "name": {"type": "string"}, "revision": {"type": "integer"},
                     "changed": {"type": "boolean"}, "warnings": {"type": "array", "items": {"type": "string"}}}},
+                "PlanRequest": {"type": "object", "required": ["workloads"], "additionalProperties": false, "properties": {
+                    "workloads": {"type": "array", "items": {"type": "object", "required": ["kind", "name"], "description": "kind: pod (cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec), replica (variant, base_model, base_bytes, delta_bytes, working_set_bytes, compute_milli, cpu_milli, memory_mib, priority, class, min_uptime_hours, gpu_spec) or gang (workers, gpus_per_worker, gpu_memory_bytes, cpu_milli, memory_mib, priority, class, topology, gpu_spec)",
+                        "properties": {"kind": {"type": "string", "enum": ["pod", "replica", "gang"]}, "name": {"type": "string"}}}},
+                    "nodes": {"type": "array", "items": {"type": "object"}, "description": "plan on these nodes instead of the stored inventory (plan only)"},
+                    "preempt": {"type": "boolean"}}},
+                "PlanResult": {"type": "object", "properties": {
+                    "revision": {"type": "integer"}, "committed": {"type": "boolean"},
+                    "placed": {"type": "array", "items": {"type": "object", "properties": {
+                        "workload": {"type": "string"}, "kind": {"type": "string"}, "allocations": {"type": "array", "items": {"type": "object"}}}}},
+                    "evicted": {"type": "array", "items": {"type": "string"}},
+                    "unplaced": {"type": "array", "items": {"type": "object", "properties": {
+                        "workload": {"type": "string"}, "reason": {"type": "string"}, "message": {"type": "string"}}}},
+                    "warnings": {"type": "array", "items": {"type": "string"}}}},
                 "Members": {"type": "object", "properties": {
                     "leader": {"type": ["integer", "null"]}, "term": {"type": "integer"},
                     "members": {"type": "array", "items": {"type": "object", "properties": {
@@ -89,6 +104,10 @@ pub async fn document() -> Json<Value> {
                     "responses": responses(members.clone())}},
             "/v1/members/{id}": {"delete": {"summary": "Remove a member", "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "integer", "minimum": 1}}],
                 "responses": responses(members)}},
+            "/v1/schedule/plan": {"post": {"summary": "Where workloads would be placed, and why the others cannot be (dry run)",
+                "requestBody": body(plan_request.clone()), "responses": responses(plan_result.clone())}},
+            "/v1/schedule/apply": {"post": {"summary": "Plan on the stored inventory and commit the placements (pushed over xDS as weft.v1.Placement)",
+                "requestBody": body(plan_request), "responses": responses(plan_result)}},
             "/v1/status": {"get": {"summary": "This node's Raft role, term and applied index", "responses": responses(json!({"type": "object"}))}},
             "/v1/proxies": {"get": {"summary": "Connected sidecars: control node, ACKed versions, last NACK", "parameters": [
                 {"name": "scope", "in": "query", "required": false, "schema": {"type": "string", "enum": ["cluster", "local"]}}],

@@ -122,7 +122,7 @@ fn here(number: usize, line: Option<usize>) -> String {
 }
 
 fn kinds_list() -> String {
-    Kind::ALL.iter().map(|k| k.yaml_kind()).collect::<Vec<_>>().join(", ")
+    Kind::ALL.iter().filter(|k| k.user_writable()).map(|k| k.yaml_kind()).collect::<Vec<_>>().join(", ")
 }
 
 /// One document's `{kind, name, spec}`.
@@ -472,7 +472,7 @@ spec:
         let e = err("kind: Cluster\nname: c\nspec: {}\n---\nkind: Pod\nname: p\nspec: {}\n");
         assert_eq!(
             e,
-            "document 2 (line 4): unknown kind \"Pod\"; expected one of Cluster, Endpoints, Experiment, Service"
+            "document 2 (line 4): unknown kind \"Pod\"; expected one of Cluster, Endpoints, Experiment, Service, Node"
         );
         let e = err("kind: Cluster\nspec: {}\n");
         assert_eq!(e, "document 1 (line 1): missing `name`");

@@ -14,6 +14,7 @@ pub mod apply;
 pub mod client;
 pub mod diff;
 pub mod output;
+pub mod schedule;
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -80,6 +81,11 @@ pub enum Command {
         #[command(subcommand)]
         command: Option<MembersCommand>,
     },
+    /// GPU placement of workloads (inference replicas, training gangs, pods).
+    Schedule {
+        #[command(subcommand)]
+        command: ScheduleCommand,
+    },
     /// Sidecars connected to any control node, with the config versions they ACKed.
     ProxyStatus,
     /// The state of the node that answers.
@@ -93,6 +99,26 @@ pub enum ExperimentCommand {
         name: String,
         #[arg(required = true, value_name = "VARIANT=WEIGHT")]
         weights: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    /// Where the workloads would go, and why the others cannot be placed; writes nothing.
+    Plan {
+        /// Workloads YAML (`workloads: [...]`, a list, or one per document), or `-` for stdin.
+        #[arg(short = 'f', long = "filename", value_name = "FILE")]
+        file: String,
+        /// Let higher-priority workloads evict strictly lower-priority placements.
+        #[arg(long)]
+        preempt: bool,
+    },
+    /// Plan on the stored inventory and commit the placements (pushed to node agents over xDS).
+    Apply {
+        #[arg(short = 'f', long = "filename", value_name = "FILE")]
+        file: String,
+        #[arg(long)]
+        preempt: bool,
     },
 }
 
@@ -252,6 +278,13 @@ pub async fn run(args: Args) -> Result<(), CliError> {
         Command::Apply { file, .. } => Some(apply::parse_docs(&read_input(file)?).map_err(CliError::Usage)?),
         _ => None,
     };
+    let workloads = match &args.command {
+        Command::Schedule { command: ScheduleCommand::Plan { file, preempt } | ScheduleCommand::Apply { file, preempt } } => {
+            let text = read_input(file)?;
+            Some(schedule::parse_request(&text, *preempt).map_err(|e| CliError::Usage(format!("{file}: {e}")))?)
+        }
+        _ => None,
+    };
     let mut c = client(&args)?;
     match args.command {
         Command::Apply { dry_run, .. } => apply::run(&mut c, docs.unwrap_or_default(), dry_run, format).await,
@@ -329,6 +362,18 @@ pub async fn run(args: Args) -> Result<(), CliError> {
             show(format, &body, output::members_table);
             Ok(())
         }
+        Command::Schedule { command } => {
+            let path = match command {
+                ScheduleCommand::Plan { .. } => "/v1/schedule/plan",
+                ScheduleCommand::Apply { .. } => "/v1/schedule/apply",
+            };
+            let body = call(&mut c, Method::POST, path, workloads.as_ref()).await?;
+            for w in body["warnings"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                err_line(format!("warning: {w}"));
+            }
+            show(format, &body, schedule::plan_table);
+            Ok(())
+        }
         Command::ProxyStatus => {
             let body = call(&mut c, Method::GET, "/v1/proxies", None).await?;
             for u in body["unreachable"].as_array().into_iter().flatten() {
@@ -384,13 +429,15 @@ mod tests {
             ("Cluster", Kind::Clusters),
             ("endpoints", Kind::Endpoints),
             ("experiment", Kind::Experiments),
+            ("node", Kind::Nodes),
+            ("Placement", Kind::Placements),
         ] {
             assert_eq!(parse_kind(s), Ok(k), "{s}");
         }
         let e = parse_kind("pods").unwrap_err();
         assert_eq!(
             e,
-            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services".into())
+            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements".into())
         );
         assert_eq!(e.exit_code(), 2);
     }

@@ -114,6 +114,21 @@ pub fn summary(kind: Kind, spec: &Value) -> String {
                 .unwrap_or_default();
             format!("hosts={} routes={}", strings(&spec["hosts"]).join(","), routes.join(","))
         }
+        Kind::Nodes => format!(
+            "gpus={}×{} cpu={}m mem={}Mi pool={}",
+            cell(&spec["gpu_count"]),
+            cell(&spec["gpu_model"]),
+            cell(&spec["cpu_milli"]),
+            cell(&spec["memory_mib"]),
+            cell(&spec["pool"])
+        ),
+        Kind::Placements => {
+            let nodes: Vec<String> = spec["allocations"]
+                .as_array()
+                .map(|a| a.iter().map(|x| cell(&x["node"])).collect())
+                .unwrap_or_default();
+            format!("{} on {}", cell(&spec["workload"]["kind"]), nodes.join(","))
+        }
         Kind::Experiments => {
             let variants: Vec<String> = spec["variants"]
                 .as_array()

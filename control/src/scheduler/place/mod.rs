@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 pub use reason::{Reason, Resource};
 
-use super::inventory::{AllocId, Allocation, Cluster, NodeId, NodeSpec, Pool};
+use super::inventory::{AllocId, Allocation, Cluster, NodeId, NodeSpec, Pool, Shortfall};
 use super::policy::{Placer, PolicyKind, Shape, TargetDistribution};
 use super::workload::{Priority, ServiceClass, TracePod, Workload};
 
@@ -185,6 +185,31 @@ impl Scheduler {
             }
         }
         plan
+    }
+
+    /// Takes back the allocations of one workload committed earlier (the control plane's
+    /// stored placements), so new decisions see them: all of them or none. A gang gets a fresh
+    /// gang id (ids are per scheduler, and preemption evicts a gang by its id).
+    pub fn adopt(&mut self, mut allocations: Vec<Allocation>) -> Result<Vec<AllocId>, (usize, Shortfall)> {
+        if allocations.iter().any(|a| a.gang.is_some()) {
+            self.next_gang += 1;
+            for a in &mut allocations {
+                a.gang = Some(self.next_gang);
+            }
+        }
+        let mut made = Vec::with_capacity(allocations.len());
+        for (i, a) in allocations.into_iter().enumerate() {
+            match self.cluster.allocate(a) {
+                Ok(id) => made.push(id),
+                Err(e) => {
+                    for id in made {
+                        self.cluster.release(id);
+                    }
+                    return Err((i, e));
+                }
+            }
+        }
+        Ok(made)
     }
 
     /// Gives back allocation `id`.

@@ -53,6 +53,8 @@ pub enum Reason {
     TimedOut { attempts: u32 },
     /// The workload is malformed (zero workers, compute share above one GPU, ...).
     Invalid { detail: String },
+    /// Placed, then evicted by higher-priority work later in the same plan.
+    Preempted { by: String },
 }
 
 impl Reason {
@@ -104,6 +106,7 @@ impl fmt::Display for Reason {
                 "gang not placeable after {attempts} attempts (timed out)"
             ),
             Reason::Invalid { detail } => write!(f, "invalid workload: {detail}"),
+            Reason::Preempted { by } => write!(f, "evicted by higher-priority {by:?} in the same plan"),
         }
     }
 }
