@@ -10,6 +10,7 @@
 //! - `fault`: phi-accrual failure detection over sidecar heartbeats.
 
 pub mod api;
+pub mod autoscaler;
 pub mod cli;
 pub mod fault;
 pub mod placements;
