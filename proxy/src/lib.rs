@@ -20,6 +20,7 @@ pub mod cluster;
 pub mod config;
 pub mod duration;
 pub mod lb;
+pub mod model_sim;
 pub mod limit;
 pub mod outlier;
 pub mod pool;
