@@ -4,6 +4,7 @@
 //! `proxy-load` compares weft-proxy with Envoy, nginx and HAProxy; `xds-fanout` times a config
 //! change reaching thousands of sidecars (see `bench/README.md`).
 
+pub mod autoscale;
 pub mod guard;
 pub mod install;
 pub mod load;

@@ -8,7 +8,7 @@
 //!   on-demand so a preemption wave cannot take all of its capacity at once.
 //! - **Budget pacing** (a burn-rate limit): the projected spend is what has been spent, plus the
 //!   next interval at the planned size, plus the rest of the period at the average burn rate so
-//!   far. When that would pass the cap, replicas are cut, least critical first, down to each
+//!   far (or at what the uncuttable floors burn now, if higher). When that would pass the cap, replicas are cut, least critical first, down to each
 //!   variant's floor. Because the projection never counts less than `spent + next interval`,
 //!   the spend cannot pass the cap while the floors fit in it.
 //! - **Preemption**: on a spot preemption notice, a critical variant gets the lost replicas back
@@ -96,13 +96,16 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// The most the next `interval_s` may cost, having spent `spent` in `elapsed_s`.
-    pub fn allowed(&self, spent: f64, elapsed_s: f64, interval_s: f64) -> f64 {
+    /// The most the next `interval_s` may cost, having spent `spent` in `elapsed_s`, when
+    /// what cannot be cut already burns `floor_per_s`: the rest of the period is projected at
+    /// the average burn so far or that floor, whichever is higher.
+    pub fn allowed(&self, spent: f64, elapsed_s: f64, interval_s: f64, floor_per_s: f64) -> f64 {
         let burn = if elapsed_s > 0.0 {
             spent / elapsed_s
         } else {
             self.cap / self.period_s
-        };
+        }
+        .max(floor_per_s);
         let rest = (self.period_s - elapsed_s - interval_s).max(0.0);
         (self.cap - spent - burn * rest).max(0.0)
     }
@@ -131,7 +134,11 @@ pub struct Paced {
 
 /// Fits `asks` into the budget for the next `interval_s`, cutting least critical first.
 pub fn pace(budget: &Budget, spent: f64, elapsed_s: f64, interval_s: f64, asks: &[Ask]) -> Paced {
-    let allowed = budget.allowed(spent, elapsed_s, interval_s);
+    let floor_per_s: f64 = asks
+        .iter()
+        .map(|a| f64::from(a.floor) * a.price_per_hour / 3600.0)
+        .sum();
+    let allowed = budget.allowed(spent, elapsed_s, interval_s, floor_per_s);
     let unit = |a: &Ask| a.price_per_hour * interval_s / 3600.0;
     let mut replicas: Vec<u32> = asks.iter().map(|a| a.wanted).collect();
     let mut total: f64 = asks.iter().map(|a| f64::from(a.wanted) * unit(a)).sum();
@@ -221,7 +228,9 @@ mod tests {
             cap: 100.0,
             period_s: 100.0 * 3600.0,
         };
-        assert!((b.allowed(50.0, 50.0 * 3600.0, 3600.0) - 1.0).abs() < 1e-9);
+        assert!((b.allowed(50.0, 50.0 * 3600.0, 3600.0, 0.0) - 1.0).abs() < 1e-9);
+        // Floors burning 2/h project the rest at 2/h: nothing left for the next hour.
+        assert_eq!(b.allowed(50.0, 50.0 * 3600.0, 3600.0, 2.0 / 3600.0), 0.0);
         let asks = [
             Ask {
                 wanted: 1,

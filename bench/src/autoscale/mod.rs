@@ -1,0 +1,6 @@
+//! autoscale-replay's pieces: the Azure LLM traces as arrivals per bin, and the replay of a
+//! trace under an autoscaling policy (queue, cold starts, pools, budget). The policies
+//! themselves are `weft_control::autoscaler`.
+
+pub mod sim;
+pub mod trace;
