@@ -12,6 +12,7 @@
 pub mod api;
 pub mod autoscaler;
 pub mod cli;
+pub mod demo;
 pub mod fault;
 pub mod placements;
 pub mod publish;

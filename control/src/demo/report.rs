@@ -1,0 +1,525 @@
+//! The A/B report's statistics, pure: percentiles with distribution-free confidence intervals,
+//! Wilson intervals for error rates, a sample-ratio-mismatch (SRM) chi-square test against the
+//! configured 50/50 split, and the comparison of the two variants (Mann-Whitney U on latency,
+//! a two-proportion z-test on errors) that says which one is better and with what confidence.
+//!
+//! "Confidence" is 1 − the one-sided p-value in the observed direction: how sure the data makes
+//! us that the better-looking variant is not better by chance alone.
+
+/// One measured request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// Seconds since traffic started (warm-up is judged by it).
+    pub at_s: f64,
+    pub latency_ms: f64,
+    pub ok: bool,
+}
+
+/// z for a two-sided 95% interval.
+pub const Z95: f64 = 1.959_963_984_540_054;
+
+/// Quantile `q` of sorted data, linear interpolation between order statistics (R's type 7).
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    match sorted.len() {
+        0 => f64::NAN,
+        n => {
+            let h = (n - 1) as f64 * q.clamp(0.0, 1.0);
+            let (lo, frac) = (h.floor() as usize, h - h.floor());
+            let hi = (lo + 1).min(n - 1);
+            sorted[lo] + frac * (sorted[hi] - sorted[lo])
+        }
+    }
+}
+
+/// Distribution-free confidence interval for quantile `q` of `n` sorted values: the 0-based
+/// indices of the order statistics bounding it, from the normal approximation of the
+/// binomial count of values below the quantile (Conover).
+pub fn quantile_ci(n: usize, q: f64, z: f64) -> (usize, usize) {
+    if n == 0 {
+        return (0, 0);
+    }
+    let nf = n as f64;
+    let half = z * (nf * q * (1.0 - q)).sqrt();
+    let lo_rank = (nf * q - half).floor().max(1.0) as usize;
+    let hi_rank = ((nf * q + half).ceil() as usize).clamp(1, n);
+    (lo_rank - 1, hi_rank - 1)
+}
+
+/// Wilson score interval for a proportion `k / n`.
+pub fn wilson(k: u64, n: u64, z: f64) -> (f64, f64) {
+    if n == 0 {
+        return (0.0, 1.0);
+    }
+    let (k, n) = (k as f64, n as f64);
+    let p = k / n;
+    let d = 1.0 + z * z / n;
+    let c = (p + z * z / (2.0 * n)) / d;
+    let h = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / d;
+    ((c - h).max(0.0), (c + h).min(1.0))
+}
+
+/// Complementary error function (Numerical Recipes' erfcc, relative error < 1.2e-7).
+pub fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -z * z - 1.265_512_23
+        + t * (1.000_023_68
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_203_98 + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let r = t * poly.exp();
+    if x >= 0.0 { r } else { 2.0 - r }
+}
+
+/// Standard normal CDF.
+pub fn normal_cdf(x: f64) -> f64 {
+    0.5 * erfc(-x / std::f64::consts::SQRT_2)
+}
+
+/// Sample-ratio check of two arm sizes against an even split.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Srm {
+    pub chi2: f64,
+    pub p: f64,
+    /// `false` when p < [`SRM_ALPHA`]: the split itself is broken and no comparison is trusted.
+    pub ok: bool,
+}
+
+/// The usual SRM threshold (a strict one: the check runs on every experiment).
+pub const SRM_ALPHA: f64 = 0.001;
+
+/// Pearson chi-square goodness of fit of `(na, nb)` to 50/50 (1 degree of freedom).
+pub fn srm(na: u64, nb: u64) -> Srm {
+    let e = (na + nb) as f64 / 2.0;
+    if e == 0.0 {
+        return Srm { chi2: 0.0, p: 1.0, ok: true };
+    }
+    let chi2 = ((na as f64 - e).powi(2) + (nb as f64 - e).powi(2)) / e;
+    // P(chi2_1 > x) = erfc(sqrt(x / 2)).
+    let p = erfc((chi2 / 2.0).sqrt()).min(1.0);
+    Srm { chi2, p, ok: p >= SRM_ALPHA }
+}
+
+/// Mann-Whitney U test of latency: is one variant stochastically faster?
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MannWhitney {
+    /// U of sample `a`: pairs where a's latency is higher, ties counted half.
+    pub u_a: f64,
+    /// P(a random request of `a` is faster than one of `b`), ties counted half.
+    pub prob_a_faster: f64,
+    /// Normal approximation (tie-corrected), positive when `a` is slower.
+    pub z: f64,
+    pub p_two_sided: f64,
+}
+
+pub fn mann_whitney(a: &[f64], b: &[f64]) -> MannWhitney {
+    let (na, nb) = (a.len() as f64, b.len() as f64);
+    if a.is_empty() || b.is_empty() {
+        return MannWhitney { u_a: 0.0, prob_a_faster: 0.5, z: 0.0, p_two_sided: 1.0 };
+    }
+    let mut all: Vec<(f64, bool)> = a.iter().map(|&x| (x, true)).chain(b.iter().map(|&x| (x, false))).collect();
+    all.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let n = all.len();
+    let (mut rank_sum_a, mut ties) = (0.0, 0.0);
+    let mut i = 0;
+    while i < n {
+        let mut j = i;
+        while j + 1 < n && all[j + 1].0 == all[i].0 {
+            j += 1;
+        }
+        let mid_rank = (i + j) as f64 / 2.0 + 1.0;
+        let t = (j - i + 1) as f64;
+        ties += t * t * t - t;
+        rank_sum_a += mid_rank * all[i..=j].iter().filter(|x| x.1).count() as f64;
+        i = j + 1;
+    }
+    let u_a = rank_sum_a - na * (na + 1.0) / 2.0;
+    let nf = n as f64;
+    let var = na * nb / 12.0 * ((nf + 1.0) - ties / (nf * (nf - 1.0)));
+    let z = if var > 0.0 { (u_a - na * nb / 2.0) / var.sqrt() } else { 0.0 };
+    MannWhitney { u_a, prob_a_faster: 1.0 - u_a / (na * nb), z, p_two_sided: (2.0 * (1.0 - normal_cdf(z.abs()))).min(1.0) }
+}
+
+/// Two-proportion z-test (pooled), e.g. of error rates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Proportions {
+    pub rate_a: f64,
+    pub rate_b: f64,
+    /// Positive when `b`'s rate is higher.
+    pub z: f64,
+    pub p_two_sided: f64,
+}
+
+pub fn two_proportions(ka: u64, na: u64, kb: u64, nb: u64) -> Proportions {
+    let rate = |k: u64, n: u64| if n == 0 { 0.0 } else { k as f64 / n as f64 };
+    let (ra, rb) = (rate(ka, na), rate(kb, nb));
+    let pool = rate(ka + kb, na + nb);
+    let se = if na == 0 || nb == 0 { 0.0 } else { (pool * (1.0 - pool) * (1.0 / na as f64 + 1.0 / nb as f64)).sqrt() };
+    let z = if se > 0.0 { (rb - ra) / se } else { 0.0 };
+    Proportions { rate_a: ra, rate_b: rb, z, p_two_sided: (2.0 * (1.0 - normal_cdf(z.abs()))).min(1.0) }
+}
+
+/// A percentile with its 95% interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pct {
+    pub q: f64,
+    pub value: f64,
+    pub lo: f64,
+    pub hi: f64,
+}
+
+/// One variant's numbers (after warm-up).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arm {
+    pub name: String,
+    pub requests: u64,
+    pub errors: u64,
+    pub error_ci: (f64, f64),
+    /// p50, p95, p99 of successful requests' latency.
+    pub latency: [Pct; 3],
+    /// Latencies of successful requests, sorted (for charts).
+    pub sorted_ms: Vec<f64>,
+}
+
+impl Arm {
+    pub fn error_rate(&self) -> f64 {
+        if self.requests == 0 { 0.0 } else { self.errors as f64 / self.requests as f64 }
+    }
+}
+
+/// Which variant looks better on one metric, and how sure we are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lean {
+    /// Index of the better-looking variant (0 = a, 1 = b).
+    pub better: usize,
+    /// 1 − one-sided p in that direction.
+    pub confidence: f64,
+}
+
+/// Below this confidence a difference is reported as "no clear difference".
+pub const DECIDE_AT: f64 = 0.95;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub experiment: String,
+    pub warmup_s: f64,
+    pub excluded: u64,
+    pub arms: [Arm; 2],
+    pub srm: Srm,
+    pub latency: MannWhitney,
+    pub errors: Proportions,
+    pub latency_lean: Lean,
+    pub errors_lean: Lean,
+    /// One line: which variant is better and with what confidence, or why none is.
+    pub verdict: String,
+}
+
+fn arm(name: &str, samples: &[Sample]) -> Arm {
+    let mut sorted: Vec<f64> = samples.iter().filter(|s| s.ok).map(|s| s.latency_ms).collect();
+    sorted.sort_by(f64::total_cmp);
+    let requests = samples.len() as u64;
+    let errors = samples.iter().filter(|s| !s.ok).count() as u64;
+    let pct = |q: f64| {
+        if sorted.is_empty() {
+            return Pct { q, value: f64::NAN, lo: f64::NAN, hi: f64::NAN };
+        }
+        let (lo, hi) = quantile_ci(sorted.len(), q, Z95);
+        Pct { q, value: quantile(&sorted, q), lo: sorted[lo], hi: sorted[hi] }
+    };
+    Arm {
+        name: name.to_string(),
+        requests,
+        errors,
+        error_ci: wilson(errors, requests, Z95),
+        latency: [pct(0.50), pct(0.95), pct(0.99)],
+        sorted_ms: sorted,
+    }
+}
+
+/// A p-value for people: tiny ones are not shown as 0.
+pub fn fmt_p(p: f64) -> String {
+    if p < 1e-4 { "< 0.0001".into() } else { format!("{p:.4}") }
+}
+
+/// Confidence in percent, never shown as a flat 100%.
+pub fn pct_confidence(c: f64) -> String {
+    if c > 0.9999 { "> 99.99%".into() } else { format!("{:.2}%", 100.0 * c) }
+}
+
+/// Builds the report from every measured request of each variant, leaving out those that
+/// started before `warmup_s`.
+pub fn analyze(experiment: &str, names: [&str; 2], a: &[Sample], b: &[Sample], warmup_s: f64) -> Report {
+    let keep = |s: &[Sample]| s.iter().copied().filter(|s| s.at_s >= warmup_s).collect::<Vec<_>>();
+    let (ka, kb) = (keep(a), keep(b));
+    let excluded = (a.len() + b.len() - ka.len() - kb.len()) as u64;
+    let arms = [arm(names[0], &ka), arm(names[1], &kb)];
+    let srm = srm(arms[0].requests, arms[1].requests);
+    let latency = mann_whitney(&arms[0].sorted_ms, &arms[1].sorted_ms);
+    let errors = two_proportions(arms[0].errors, arms[0].requests, arms[1].errors, arms[1].requests);
+    // The Mann-Whitney z is positive when a is slower; the proportions' z when b errs more.
+    let lean = |a_better: bool, z: f64| Lean { better: if a_better { 0 } else { 1 }, confidence: normal_cdf(z.abs()) };
+    let (latency_lean, errors_lean) = (lean(latency.z <= 0.0, latency.z), lean(errors.z >= 0.0, errors.z));
+    let verdict = verdict(&arms, &srm, latency_lean, errors_lean);
+    Report { experiment: experiment.to_string(), warmup_s, excluded, arms, srm, latency, errors, latency_lean, errors_lean, verdict }
+}
+
+fn verdict(arms: &[Arm; 2], srm: &Srm, lat: Lean, err: Lean) -> String {
+    if arms.iter().any(|a| a.requests == 0) {
+        return "no verdict: a variant got no requests".into();
+    }
+    if !srm.ok {
+        return format!(
+            "no verdict: sample ratio mismatch (p = {:.2e} < {SRM_ALPHA}); the split is broken, fix it before comparing",
+            srm.p
+        );
+    }
+    let name = |i: usize| &arms[i].name;
+    let (lat_sure, err_sure) = (lat.confidence >= DECIDE_AT, err.confidence >= DECIDE_AT);
+    match (lat_sure, err_sure) {
+        (true, true) if lat.better == err.better => format!(
+            "variant {} is better: faster (confidence {}) and fewer errors (confidence {})",
+            name(lat.better),
+            pct_confidence(lat.confidence),
+            pct_confidence(err.confidence)
+        ),
+        (true, true) => format!(
+            "a trade-off: variant {} is faster (confidence {}), variant {} has fewer errors (confidence {})",
+            name(lat.better),
+            pct_confidence(lat.confidence),
+            name(err.better),
+            pct_confidence(err.confidence)
+        ),
+        (true, false) => format!(
+            "variant {} is better: faster (confidence {}); error rates show no clear difference",
+            name(lat.better),
+            pct_confidence(lat.confidence)
+        ),
+        (false, true) => format!(
+            "variant {} is better: fewer errors (confidence {}); latencies show no clear difference",
+            name(err.better),
+            pct_confidence(err.confidence)
+        ),
+        (false, false) => format!(
+            "no clear winner: neither latency nor errors differ with {:.0}% confidence (run longer for more data)",
+            100.0 * DECIDE_AT
+        ),
+    }
+}
+
+fn fmt_n(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// "= 0.0123" or "< 0.0001".
+fn p_eq(p: f64) -> String {
+    let s = fmt_p(p);
+    if s.starts_with('<') { s } else { format!("= {s}") }
+}
+
+/// The report as terminal text.
+pub fn render_text(r: &Report) -> String {
+    let mut s = String::new();
+    let total: u64 = r.arms.iter().map(|a| a.requests).sum();
+    s += &format!(
+        "== A/B report: experiment {} ({} requests measured; {} in the first {:.0} s of warm-up excluded) ==\n\n",
+        r.experiment,
+        fmt_n(total),
+        fmt_n(r.excluded),
+        r.warmup_s
+    );
+    s += &format!(
+        "{:<8} {:>9} {:>7}  {:<24} {:<22} {:<22} {:<22}\n",
+        "variant", "requests", "errors", "error rate [95% CI]", "p50 ms [95% CI]", "p95 ms [95% CI]", "p99 ms [95% CI]"
+    );
+    for a in &r.arms {
+        let er = format!("{:.2}% [{:.2}, {:.2}]", 100.0 * a.error_rate(), 100.0 * a.error_ci.0, 100.0 * a.error_ci.1);
+        let p = |p: &Pct| format!("{:.1} [{:.1}, {:.1}]", p.value, p.lo, p.hi);
+        s += &format!(
+            "{:<8} {:>9} {:>7}  {:<24} {:<22} {:<22} {:<22}\n",
+            a.name,
+            fmt_n(a.requests),
+            fmt_n(a.errors),
+            er,
+            p(&a.latency[0]),
+            p(&a.latency[1]),
+            p(&a.latency[2])
+        );
+    }
+    s += "(latency of successful requests, as seen by the client through the sidecars)\n\n";
+    let share = |i: usize| if total == 0 { 0.0 } else { 100.0 * r.arms[i].requests as f64 / total as f64 };
+    s += &format!(
+        "sample ratio (expected 50/50): {} {:.1}% / {} {:.1}%, chi² = {:.2}, p = {:.3} → {}\n",
+        r.arms[0].name,
+        share(0),
+        r.arms[1].name,
+        share(1),
+        r.srm.chi2,
+        r.srm.p,
+        if r.srm.ok { "ok" } else { "MISMATCH: the split is broken, do not trust the comparison" }
+    );
+    let (a, b) = (&r.arms[0].name, &r.arms[1].name);
+    let lat_better = &r.arms[r.latency_lean.better].name;
+    s += &format!(
+        "latency:    {lat_better} faster; P({a} faster than {b}) = {:.3}, Mann-Whitney z = {:.2}, p {}, confidence {}\n",
+        r.latency.prob_a_faster,
+        r.latency.z,
+        p_eq(r.latency.p_two_sided),
+        pct_confidence(r.latency_lean.confidence)
+    );
+    let err_better = &r.arms[r.errors_lean.better].name;
+    s += &format!(
+        "error rate: {err_better} lower; {a} {:.2}% vs {b} {:.2}%, z = {:.2}, p {}, confidence {}\n\n",
+        100.0 * r.errors.rate_a,
+        100.0 * r.errors.rate_b,
+        r.errors.z,
+        p_eq(r.errors.p_two_sided),
+        pct_confidence(r.errors_lean.confidence)
+    );
+    s += &format!("verdict: {}\n", r.verdict);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol
+    }
+
+    #[test]
+    fn quantiles_interpolate_between_order_statistics() {
+        assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0, 5.0], 0.5), 3.0);
+        assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0], 0.5), 2.5);
+        assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0], 1.0), 4.0);
+        assert_eq!(quantile(&[7.0], 0.99), 7.0);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn quantile_ci_uses_the_binomial_ranks() {
+        // n = 100, median: 50 ± 1.96·5 → ranks 40 and 60 (1-based), indices 39 and 59.
+        assert_eq!(quantile_ci(100, 0.5, Z95), (39, 59));
+        // n = 1000, p99: 990 ± 1.96·√9.9 = 990 ± 6.17 → ranks 983 and 997.
+        assert_eq!(quantile_ci(1000, 0.99, Z95), (982, 996));
+        // Tiny samples clamp to the data.
+        assert_eq!(quantile_ci(3, 0.99, Z95), (1, 2));
+        assert_eq!(quantile_ci(1, 0.5, Z95), (0, 0));
+    }
+
+    #[test]
+    fn wilson_intervals_match_published_values() {
+        let (lo, hi) = wilson(0, 10, Z95);
+        assert_eq!(lo, 0.0);
+        assert!(close(hi, 0.2775, 1e-4), "{hi}");
+        let (lo, hi) = wilson(5, 10, Z95);
+        assert!(close(lo, 0.2366, 1e-4) && close(hi, 0.7634, 1e-4), "{lo} {hi}");
+    }
+
+    #[test]
+    fn normal_cdf_known_points() {
+        assert!(close(normal_cdf(0.0), 0.5, 1e-7));
+        assert!(close(normal_cdf(1.959_964), 0.975, 1e-6));
+        assert!(close(normal_cdf(-1.0), 0.158_655_25, 1e-6));
+        assert!(close(normal_cdf(3.0), 0.998_650_1, 1e-6));
+    }
+
+    #[test]
+    fn srm_chi_square_against_an_even_split() {
+        let s = srm(5000, 5000);
+        assert!(s.chi2 == 0.0 && close(s.p, 1.0, 1e-6) && s.ok, "{s:?}");
+        // (50² + 50²) / 1050 = 4.762, p = 0.0291: suspicious but above the SRM threshold.
+        let s = srm(1000, 1100);
+        assert!(close(s.chi2, 4.7619, 1e-4) && close(s.p, 0.0291, 1e-4) && s.ok, "{s:?}");
+        // 45/55 of 10,000 is a broken split.
+        let s = srm(4500, 5500);
+        assert!(close(s.chi2, 100.0, 1e-9) && s.p < 1e-20 && !s.ok, "{s:?}");
+    }
+
+    #[test]
+    fn mann_whitney_known_answers() {
+        // Complete separation, 3 vs 3: U_a = 0, z = -4.5 / √5.25 = -1.964, p = 0.0495 (scipy,
+        // normal approximation without continuity correction).
+        let m = mann_whitney(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]);
+        assert_eq!((m.u_a, m.prob_a_faster), (0.0, 1.0));
+        assert!(close(m.z, -1.9640, 1e-4) && close(m.p_two_sided, 0.0495, 1e-4), "{m:?}");
+        // Ties are mid-ranked: identical samples are a coin flip.
+        let m = mann_whitney(&[1.0, 1.0, 2.0], &[1.0, 1.0, 2.0]);
+        assert_eq!((m.u_a, m.prob_a_faster, m.z), (4.5, 0.5, 0.0));
+        assert!(close(m.p_two_sided, 1.0, 1e-6), "{m:?}");
+        // Interleaved: a = {1, 3, 5}, b = {2, 4, 6}: a beats b in 6 of 9 pairs.
+        let m = mann_whitney(&[1.0, 3.0, 5.0], &[2.0, 4.0, 6.0]);
+        assert!(close(m.prob_a_faster, 6.0 / 9.0, 1e-12) && m.z < 0.0, "{m:?}");
+    }
+
+    #[test]
+    fn two_proportion_z_test_known_answer() {
+        // 1% vs 3% of 1000: pooled 2%, se = √(0.02·0.98·0.002) = 0.006261, z = 3.194, p = 0.0014.
+        let t = two_proportions(10, 1000, 30, 1000);
+        assert!(close(t.z, 3.1944, 1e-3) && close(t.p_two_sided, 0.0014, 1e-4), "{t:?}");
+        assert_eq!(two_proportions(0, 100, 0, 100).z, 0.0);
+    }
+
+    fn samples(n: usize, ms: f64, step: f64, err_every: usize, t0: f64) -> Vec<Sample> {
+        (0..n)
+            .map(|i| Sample {
+                at_s: t0 + i as f64 * 0.01,
+                latency_ms: ms + step * (i % 10) as f64,
+                ok: err_every == 0 || i % err_every != 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn analyze_excludes_warm_up_and_names_the_better_variant() {
+        let mut a = samples(2000, 20.0, 1.0, 100, 0.0);
+        let b = samples(2000, 24.0, 1.0, 25, 0.0);
+        // Slow warm-up requests of a (before 2 s) are left out.
+        a.extend((0..100).map(|_| Sample { at_s: 0.5, latency_ms: 500.0, ok: true }));
+        let r = analyze("ab", ["a", "b"], &a, &b, 2.0);
+        assert_eq!(r.excluded, 200 + 200 + 100);
+        assert_eq!((r.arms[0].requests, r.arms[1].requests), (1800, 1800));
+        assert_eq!(r.arms[0].errors, 18);
+        assert!(r.arms[0].latency[2].value < 30.0, "warm-up excluded: {:?}", r.arms[0].latency);
+        assert!(r.srm.ok);
+        assert_eq!(r.latency_lean.better, 0);
+        assert_eq!(r.errors_lean.better, 0);
+        assert!(r.verdict.starts_with("variant a is better: faster"), "{}", r.verdict);
+        let text = render_text(&r);
+        assert!(text.contains("sample ratio (expected 50/50): a 50.0% / b 50.0%"), "{text}");
+        assert!(text.contains("verdict: variant a is better"), "{text}");
+    }
+
+    #[test]
+    fn verdicts_for_trade_offs_ties_and_broken_splits() {
+        // a faster, b fewer errors.
+        let r = analyze("ab", ["a", "b"], &samples(3000, 20.0, 1.0, 20, 0.0), &samples(3000, 25.0, 1.0, 0, 0.0), 0.0);
+        assert!(r.verdict.starts_with("a trade-off: variant a is faster"), "{}", r.verdict);
+        // Identical arms.
+        let r = analyze("ab", ["a", "b"], &samples(1000, 20.0, 1.0, 0, 0.0), &samples(1000, 20.0, 1.0, 0, 0.0), 0.0);
+        assert!(r.verdict.starts_with("no clear winner"), "{}", r.verdict);
+        // 1000 vs 1400 requests: the split is broken.
+        let r = analyze("ab", ["a", "b"], &samples(1000, 20.0, 1.0, 0, 0.0), &samples(1400, 30.0, 1.0, 0, 0.0), 0.0);
+        assert!(!r.srm.ok && r.verdict.starts_with("no verdict: sample ratio mismatch"), "{}", r.verdict);
+        let r = analyze("ab", ["a", "b"], &[], &samples(10, 20.0, 1.0, 0, 0.0), 0.0);
+        assert!(r.verdict.starts_with("no verdict: a variant got no requests"));
+    }
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(fmt_n(0), "0");
+        assert_eq!(fmt_n(999), "999");
+        assert_eq!(fmt_n(1000), "1,000");
+        assert_eq!(fmt_n(1234567), "1,234,567");
+    }
+}
