@@ -236,14 +236,25 @@ impl Cluster {
     /// `--join` (one at a time: each join is a membership change), and waits until node 1
     /// lists three voters and a leader is known.
     pub async fn start_weft(bin: &Path, wrap: &[String], dir: &Path) -> Result<Cluster> {
-        let ports = net::free_addrs(6)?;
+        Self::start_weft_nodes(bin, wrap, &[], dir, 3).await
+    }
+
+    /// [`Cluster::start_weft`] with `nodes` nodes, each also given `args`.
+    pub async fn start_weft_nodes(
+        bin: &Path,
+        wrap: &[String],
+        args: &[String],
+        dir: &Path,
+        nodes: usize,
+    ) -> Result<Cluster> {
+        let ports = net::free_addrs(2 * nodes)?;
         let mut cluster = Cluster {
             system: System::Weft,
             members: Vec::new(),
             leader: 0,
         };
         let first = ports[0];
-        for i in 0..3 {
+        for i in 0..nodes {
             let (api, xds) = (ports[2 * i], ports[2 * i + 1]);
             let id = i + 1;
             let data = dir.join(format!("weft-{id}"));
@@ -253,7 +264,8 @@ impl Cluster {
                 .args(["--listen", &api.to_string()])
                 .args(["--xds-listen", &xds.to_string()])
                 .arg("--data-dir")
-                .arg(&data);
+                .arg(&data)
+                .args(args);
             if id == 1 {
                 cmd.arg("--init");
             } else {
