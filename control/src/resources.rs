@@ -413,7 +413,9 @@ fn convert(r: &Resource) -> Converted {
 ///
 /// Each resource is versioned by the revision that last wrote it; a cluster's `Endpoints` by
 /// the newest of its sources (the cluster's own list, an `endpoints` resource, sidecar
-/// registrations), so every control node labels the same state the same way.
+/// registrations), so every control node labels the same state the same way. The cache keeps
+/// an entry's old version while its body is unchanged, so editing a cluster's load-balancing
+/// settings does not push its (unchanged) endpoints to every sidecar again.
 #[derive(Default)]
 pub struct XdsBuilder {
     memo: std::collections::HashMap<(String, String), Converted>,
@@ -545,6 +547,24 @@ mod tests {
         let eps: v1::Endpoints = weft_xds::resources::from_any(&e.body).unwrap();
         let summary: Vec<_> = eps.endpoints.iter().map(|e| (e.address.as_str(), e.healthy, e.node_id.as_str())).collect();
         assert_eq!(summary, vec![("10.0.0.1:80", true, ""), ("10.0.0.2:80", true, ""), ("10.0.0.3:80", false, "side-1")]);
+    }
+
+    #[test]
+    fn editing_a_cluster_does_not_re_version_endpoints_it_did_not_change() {
+        let res = |kind: &str, name: &str, rev: u64, v: Value| Resource {
+            kind: kind.into(),
+            name: name.into(),
+            value_json: v.to_string(),
+            revision: rev,
+        };
+        let reg = res(REGISTRATIONS, "side-1", 2, json!({"cluster": "c", "address": "10.0.0.3:80", "healthy": true}));
+        let cluster = |rev, lb: &str| res("clusters", "c", rev, json!({"name": "c", "lb": lb}));
+        let mut builder = XdsBuilder::default();
+        let s1 = weft_xds::Snapshot::default().next(3, builder.build([&cluster(3, "round_robin"), &reg])).unwrap();
+        let s2 = s1.next(4, builder.build([&cluster(4, "p2c_ewma"), &reg])).unwrap();
+        assert_eq!(s2.entries(typeurl::CLUSTER).unwrap()["c"].version, 4);
+        assert_eq!(s2.entries(typeurl::ENDPOINTS).unwrap()["c"].version, 3, "endpoints unchanged, not pushed again");
+        assert_eq!(s2.type_version(typeurl::ENDPOINTS), 3);
     }
 
     #[test]

@@ -127,10 +127,9 @@ impl Snapshot {
                 .remove(&url)
                 .unwrap_or_default()
                 .into_iter()
-                .map(|(name, (version, body))| {
-                    let kept =
-                        previous.and_then(|p| p.entries.get(&name)).filter(|e| e.body == body).map(|e| e.version);
-                    let version = version.or(kept).unwrap_or(revision);
+                .map(|(name, (offered, body))| {
+                    let before = previous.and_then(|p| p.entries.get(&name));
+                    let version = entry_version(before, offered, &body, revision);
                     (name, Entry { version, body })
                 })
                 .collect();
@@ -142,6 +141,22 @@ impl Snapshot {
             types.insert(url, TypeResources { version, entries });
         }
         Ok(Snapshot { revision, types })
+    }
+}
+
+/// The version of one entry in the snapshot for `revision`. An unchanged body keeps the
+/// version it had, whatever the caller offers (a resource rewritten with the same content,
+/// or an aggregate such as a cluster's endpoints whose sources changed without changing the
+/// result, is not pushed again). A changed body takes the caller's version when that moves
+/// forward, else `revision`: an aggregate versioned by its newest source can otherwise fall
+/// back to an old version with different content (a source older than the newest removed),
+/// and a client that holds that version would never be sent the change.
+fn entry_version(before: Option<&Entry>, offered: Option<u64>, body: &Any, revision: u64) -> u64 {
+    match (before, offered) {
+        (Some(e), _) if e.body == *body => e.version,
+        (Some(e), Some(v)) if v <= e.version => revision,
+        (_, Some(v)) => v,
+        (_, None) => revision,
     }
 }
 
@@ -315,6 +330,32 @@ mod tests {
         r.insert_versioned(CLUSTER, "c", 1, body("c"));
         let s2 = s1.next(3, r).unwrap();
         assert_eq!(versions(&s2, CLUSTER), vec![("a".into(), 1), ("b".into(), 3), ("c".into(), 1)]);
+    }
+
+    #[test]
+    fn an_unchanged_body_keeps_its_version_whatever_the_caller_offers() {
+        let mut r = Resources::new();
+        r.insert_versioned(CLUSTER, "eps", 4, body("x"));
+        let s1 = Snapshot::default().next(4, r).unwrap();
+        // A source of the aggregate was rewritten at 9 without changing the merged body.
+        let mut r = Resources::new();
+        r.insert_versioned(CLUSTER, "eps", 9, body("x"));
+        let s2 = s1.next(9, r).unwrap();
+        assert_eq!(versions(&s2, CLUSTER), vec![("eps".into(), 4)]);
+        assert_eq!(s2.type_version(CLUSTER), 4);
+    }
+
+    #[test]
+    fn a_changed_body_never_reuses_an_old_version() {
+        let mut r = Resources::new();
+        r.insert_versioned(CLUSTER, "eps", 7, body("a+b"));
+        let s1 = Snapshot::default().next(7, r).unwrap();
+        // The newest source (7) went away; the rest is versioned 5, older than what the
+        // client holds: the new content must get a version it has never seen.
+        let mut r = Resources::new();
+        r.insert_versioned(CLUSTER, "eps", 5, body("a"));
+        let s2 = s1.next(10, r).unwrap();
+        assert_eq!(versions(&s2, CLUSTER), vec![("eps".into(), 10)]);
     }
 
     #[test]
