@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Builds the compose mesh's images without an image registry (see deploy/Dockerfile):
+#
+#   weft:local             weft-control, weftctl, weft, weft-proxy, weft-model-sim (release builds)
+#   weft-tools:local       weft:local + bash, curl, sleep + deploy/loadgen.sh, deploy/setup.sh
+#   weft-prometheus:local  Debian's prometheus binary
+#
+# each FROM scratch plus the shared libraries the programs need (ldd), copied from this machine.
+#
+#   deploy/build-images.sh            # cargo build --release first only if a binary is missing
+#   deploy/build-images.sh --cargo    # always run cargo build --release first
+#
+# Environment: WEFT_IMAGE_TAG (default `local`), WEFT_BASE (default `scratch`) and WEFT_RUNTIME
+# (default `host`) are passed to the Dockerfile as the tag, BASE and RUNTIME. Prometheus comes
+# from $PATH when installed, else from the Debian package, downloaded with `apt-get download`
+# and unpacked (not installed: nothing is started or configured on this machine); curl is
+# installed with apt-get when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TAG=${WEFT_IMAGE_TAG:-local}
+BASE=${WEFT_BASE:-scratch}
+RUNTIME=${WEFT_RUNTIME:-host}
+CTX=$ROOT/target/docker
+BIN=$ROOT/target/release
+WEFT_BINS=(weft-control weftctl weft weft-proxy weft-model-sim)
+
+say() { echo "build-images: $*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+cargo_build=0
+for a in "$@"; do
+  case $a in
+    --cargo) cargo_build=1 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) die "unknown argument $a (see --help)" ;;
+  esac
+done
+for b in "${WEFT_BINS[@]}"; do [ -x "$BIN/$b" ] || cargo_build=1; done
+if [ "$cargo_build" = 1 ]; then
+  say "cargo build --release -p weft-control -p weft-proxy --bins"
+  cargo build --release -p weft-control -p weft-proxy --bins
+else
+  newer=$(find proxy/src control/src xds/src -name '*.rs' -newer "$BIN/weft-proxy" -print -quit 2>/dev/null || true)
+  [ -z "$newer" ] || say "warning: $newer is newer than target/release/weft-proxy; run with --cargo to rebuild"
+fi
+command -v docker >/dev/null || die "docker not found"
+
+# The programs' shared libraries (and the dynamic loader), at their paths under $1.
+copy_libs() {
+  local root=$1; shift
+  local f lib
+  for f in "$@"; do
+    # A static binary makes ldd fail ("not a dynamic executable"): nothing to copy.
+    ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' || true
+  done | sort -u | while read -r lib; do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+    echo "$lib"
+  done
+}
+
+# One build context: $1 = image name; files/ must be filled by the caller, the rest is made
+# here from the executables under files/.
+finish_context() {
+  local name=$1 dir=$CTX/$1 exes libs
+  mapfile -t exes < <(find "$dir/files" -type f -perm -u+x)
+  mkdir -p "$dir/runtime-host/etc/weft-image" "$dir/runtime-host/tmp" "$dir/runtime-base/etc/weft-image"
+  chmod 1777 "$dir/runtime-host/tmp"
+  # glibc ≥ 2.34 has the files and dns NSS modules built in; older ones load them at run time.
+  for lib in /lib/x86_64-linux-gnu/libnss_dns.so.2 /lib/x86_64-linux-gnu/libnss_files.so.2 /lib/x86_64-linux-gnu/libresolv.so.2; do
+    [ -e "$lib" ] && exes+=("$lib")
+  done
+  libs=$(copy_libs "$dir/runtime-host" "${exes[@]}")
+  printf 'hosts: files dns\n' > "$dir/runtime-host/etc/nsswitch.conf"
+  { echo "# $name: shared libraries copied from the build machine ($(uname -srm))"; echo "$libs"; } \
+    > "$dir/runtime-host/etc/weft-image/$name-runtime.txt"
+  echo "# $name: the base image provides the shared libraries" > "$dir/runtime-base/etc/weft-image/$name-runtime.txt"
+}
+
+build() {
+  local name=$1 base=$2
+  say "docker build $name:$TAG (BASE=$base RUNTIME=$RUNTIME)"
+  docker build -q -f deploy/Dockerfile --build-arg "BASE=$base" --build-arg "RUNTIME=$RUNTIME" \
+    -t "$name:$TAG" "$CTX/$name" 2> >(grep -v -e DEPRECATED -e 'legacy builder' -e buildx -e 'docs.docker.com/go/buildx' -e '^ *$' >&2) >/dev/null
+}
+
+rm -rf "$CTX"
+
+# weft: the release binaries.
+mkdir -p "$CTX/weft/files/usr/local/bin"
+for b in "${WEFT_BINS[@]}"; do cp "$BIN/$b" "$CTX/weft/files/usr/local/bin/"; done
+finish_context weft
+
+# weft-tools (on top of weft): a shell, curl and sleep for the load generator and setup.
+if ! command -v curl >/dev/null; then
+  say "curl missing: apt-get install curl"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
+fi
+mkdir -p "$CTX/weft-tools/files/usr/local/bin"
+cp "$(command -v bash)" "$(command -v curl)" "$(command -v sleep)" "$CTX/weft-tools/files/usr/local/bin/"
+cp deploy/loadgen.sh "$CTX/weft-tools/files/usr/local/bin/weft-loadgen"
+cp deploy/setup.sh "$CTX/weft-tools/files/usr/local/bin/weft-setup"
+chmod +x "$CTX/weft-tools/files/usr/local/bin/"*
+finish_context weft-tools
+
+# weft-prometheus: the Debian package's binary.
+mkdir -p "$CTX/weft-prometheus/files/usr/local/bin"
+if command -v prometheus >/dev/null; then
+  cp "$(command -v prometheus)" "$CTX/weft-prometheus/files/usr/local/bin/"
+else
+  deb_dir=$CTX/prometheus-deb
+  mkdir -p "$deb_dir"
+  say "prometheus not installed: apt-get download prometheus (unpacked, not installed)"
+  if ! (cd "$deb_dir" && apt-get download prometheus >/dev/null 2>&1); then
+    apt-get update -qq
+    (cd "$deb_dir" && apt-get download prometheus >/dev/null 2>&1) || die "apt-get download prometheus failed"
+  fi
+  dpkg-deb -x "$deb_dir"/prometheus_*.deb "$deb_dir/root"
+  cp "$deb_dir/root/usr/bin/prometheus" "$CTX/weft-prometheus/files/usr/local/bin/"
+  rm -rf "$deb_dir"
+fi
+finish_context weft-prometheus
+
+build weft "$BASE"
+build weft-tools "weft:$TAG"
+build weft-prometheus "$BASE"
+docker image ls --format '{{.Repository}}:{{.Tag}}  {{.Size}}' | grep -E "^weft(-tools|-prometheus)?:$TAG " >&2 || true
