@@ -5,6 +5,7 @@
 //! change reaching thousands of sidecars (see `bench/README.md`).
 
 pub mod autoscale;
+pub mod csv;
 pub mod guard;
 pub mod install;
 pub mod load;

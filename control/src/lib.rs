@@ -18,6 +18,7 @@ pub mod placements;
 pub mod publish;
 pub mod reports;
 pub mod resources;
+pub mod scaling;
 pub mod scheduler;
 pub mod server;
 pub mod store;

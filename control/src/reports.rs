@@ -31,12 +31,16 @@ use crate::store::{Command, Node, NodeId, StoreError};
 /// How often the detector is consulted.
 const CHECK_EVERY: Duration = Duration::from_millis(200);
 
-/// Per-variant load summed over a sidecar's reports.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+/// Per-variant load: counters summed over a sidecar's reports, gauges as of its last one.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq)]
 pub struct Load {
     pub requests: u64,
     pub errors: u64,
     pub latency_ms_sum: f64,
+    #[serde(default)]
+    pub in_flight: u32,
+    #[serde(default)]
+    pub queued: u32,
 }
 
 /// What this node knows of one sidecar that reported to it.
@@ -129,11 +133,16 @@ impl Tracker {
         let mut inner = self.inner.lock().unwrap();
         inner.detector.heartbeat(&report.node_id, now);
         let s = inner.sidecars.entry(report.node_id.clone()).or_default();
+        // Each report carries the gauges of every busy variant: the others are idle now.
+        for t in s.load.values_mut() {
+            (t.in_flight, t.queued) = (0, 0);
+        }
         for l in &report.load {
             let t = s.load.entry(l.variant.clone()).or_default();
             t.requests += l.requests;
             t.errors += l.errors;
             t.latency_ms_sum += l.latency_ms_sum;
+            (t.in_flight, t.queued) = (l.in_flight, l.queued);
         }
         let r = report.registration.as_ref()?;
         let reg = Registration {

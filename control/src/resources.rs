@@ -33,17 +33,40 @@ pub enum Kind {
     /// Where the scheduler placed each workload; written only by `POST /v1/schedule/apply`
     /// (deleting one releases its capacity).
     Placements,
+    /// How to autoscale one variant (an `autoscaler::spec::AutoscalerSpec` each).
+    Autoscalers,
+    /// The autoscaler's replica targets; written only by the leader's decision loop.
+    ScalingDecisions,
 }
 
 impl Kind {
     /// In apply order: what others refer to comes first.
-    pub const ALL: [Kind; 6] =
-        [Kind::Clusters, Kind::Endpoints, Kind::Experiments, Kind::Services, Kind::Nodes, Kind::Placements];
+    pub const ALL: [Kind; 8] = [
+        Kind::Clusters,
+        Kind::Endpoints,
+        Kind::Experiments,
+        Kind::Services,
+        Kind::Nodes,
+        Kind::Placements,
+        Kind::Autoscalers,
+        Kind::ScalingDecisions,
+    ];
 
     /// Whether specs of this kind are written through the resource API (placements are the
     /// scheduler's output: writing one by hand would bypass its capacity checks).
     pub fn user_writable(self) -> bool {
-        self != Kind::Placements
+        self.written_by().is_none()
+    }
+
+    /// For kinds only the control plane writes: who writes them, and what DELETE does.
+    pub fn written_by(self) -> Option<&'static str> {
+        match self {
+            Kind::Placements => Some("the scheduler (POST /v1/schedule/apply); DELETE releases one"),
+            Kind::ScalingDecisions => {
+                Some("the autoscaler's decision loop (write an autoscaler instead); DELETE makes it decide afresh")
+            }
+            _ => None,
+        }
     }
 
     /// The URL segment and store key prefix.
@@ -55,6 +78,8 @@ impl Kind {
             Kind::Services => "services",
             Kind::Nodes => "nodes",
             Kind::Placements => "placements",
+            Kind::Autoscalers => "autoscalers",
+            Kind::ScalingDecisions => "scalingdecisions",
         }
     }
 
@@ -67,6 +92,8 @@ impl Kind {
             Kind::Services => "Service",
             Kind::Nodes => "Node",
             Kind::Placements => "Placement",
+            Kind::Autoscalers => "Autoscaler",
+            Kind::ScalingDecisions => "ScalingDecision",
         }
     }
 
@@ -308,10 +335,14 @@ pub fn validate(kind: Kind, name: &str, spec: &Value) -> Result<Valid, FieldErro
                 .map_err(|e| err("", format!("not a usable node: {e:?}")))?;
             Ok(Valid { json: to_json(&n), refs: vec![] })
         }
-        Kind::Placements => Err(err(
-            "",
-            "placements are written by the scheduler (POST /v1/schedule/apply); DELETE releases one",
-        )),
+        Kind::Autoscalers => {
+            let a: crate::autoscaler::spec::AutoscalerSpec = parse(&spec)?;
+            a.validate().map_err(|(field, message)| err(field, message))?;
+            Ok(Valid { json: to_json(&a), refs: vec![] })
+        }
+        Kind::Placements | Kind::ScalingDecisions => {
+            Err(err("", format!("{kind} are written by {}", kind.written_by().unwrap_or("the control plane"))))
+        }
     }
 }
 
@@ -396,6 +427,11 @@ fn convert(r: &Resource) -> Converted {
         "services" => {
             if let Ok(sv) = serde_json::from_str::<config::Service>(&r.value_json) {
                 c.body = Some((typeurl::SERVICE, sv.name.clone(), to_any(&encode::service(&sv))));
+            }
+        }
+        "scalingdecisions" => {
+            if let Ok(d) = serde_json::from_str::<crate::autoscaler::spec::DecisionRecord>(&r.value_json) {
+                c.body = Some((typeurl::SCALING_DECISION, r.name.clone(), to_any(&d.to_xds(&r.name))));
             }
         }
         "placements" => {

@@ -38,6 +38,8 @@ pub struct Options {
     pub snapshot_every: u64,
     /// Window in which commits are coalesced into one xDS push.
     pub xds_debounce: Duration,
+    /// Between the autoscaler's decisions (on the leader).
+    pub autoscale_interval: Duration,
 }
 
 impl Options {
@@ -54,6 +56,7 @@ impl Options {
             tokens: Tokens::default(),
             snapshot_every: 10_000,
             xds_debounce: Duration::from_millis(10),
+            autoscale_interval: crate::scaling::DEFAULT_INTERVAL,
         }
     }
 }
@@ -131,10 +134,12 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         peers,
         reports: reports.clone(),
         schedule: tokio::sync::Mutex::new(()),
+        autoscale: crate::scaling::Autoscale::new(opts.autoscale_interval),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(reports.clone().run(stopped.clone())));
+    tasks.push(tokio::spawn(crate::scaling::run(state.clone(), stopped.clone())));
 
     let app = api::router(state.clone());
     let mut s = stopped.clone();

@@ -12,6 +12,8 @@ pub struct Limiter {
     slots: Option<Arc<Semaphore>>,
     /// Requests holding a slot right now (`weft_variant_requests_in_flight`).
     in_flight: Gauge,
+    /// The same count, readable (a metrics gauge is write-only): the load reports carry it.
+    active: Arc<AtomicU32>,
     max_pending: u32,
     pending: AtomicU32,
 }
@@ -20,11 +22,13 @@ pub struct Limiter {
 pub struct Slot {
     _permit: Option<OwnedSemaphorePermit>,
     in_flight: Gauge,
+    active: Arc<AtomicU32>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         self.in_flight.decrement(1.0);
+        self.active.fetch_sub(1, Relaxed);
     }
 }
 
@@ -32,16 +36,23 @@ impl Limiter {
     /// `max_concurrency` 0 = unlimited.
     pub fn new(max_concurrency: u32, max_pending: u32, in_flight: Gauge) -> Limiter {
         let slots = (max_concurrency > 0).then(|| Arc::new(Semaphore::new(max_concurrency as usize)));
-        Limiter { slots, in_flight, max_pending, pending: AtomicU32::new(0) }
+        Limiter { slots, in_flight, active: Arc::default(), max_pending, pending: AtomicU32::new(0) }
     }
 
     fn slot(&self, permit: Option<OwnedSemaphorePermit>) -> Slot {
         self.in_flight.increment(1.0);
-        Slot { _permit: permit, in_flight: self.in_flight.clone() }
+        self.active.fetch_add(1, Relaxed);
+        Slot { _permit: permit, in_flight: self.in_flight.clone(), active: self.active.clone() }
     }
 
+    /// Requests waiting for a slot now.
     pub fn pending(&self) -> u32 {
         self.pending.load(Relaxed)
+    }
+
+    /// Requests holding a slot now.
+    pub fn in_flight(&self) -> u32 {
+        self.active.load(Relaxed)
     }
 
     /// A slot, waiting if the pending queue has room; `None` = shed.
@@ -82,9 +93,10 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert!(l.acquire().await.is_none(), "queue full → shed at once");
+        assert_eq!((l.in_flight(), l.pending()), (1, 1), "the load report's gauges");
         drop(held);
         assert!(waiter.await.unwrap(), "the queued request gets the slot");
-        assert_eq!(l.pending(), 0);
+        assert_eq!((l.in_flight(), l.pending()), (0, 0));
         assert!(Limiter::new(0, 0, Gauge::noop()).acquire().await.is_some(), "0 = unlimited");
     }
 }

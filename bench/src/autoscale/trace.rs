@@ -7,6 +7,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
+use crate::csv::{all_rows, read};
+
 /// Arrivals per bin, from `start_s` (seconds since the Unix epoch).
 #[derive(Clone, Debug)]
 pub struct Trace {
@@ -34,7 +36,7 @@ impl Trace {
 /// missing bins count as 0).
 pub fn read_binned(path: &Path) -> Result<Trace> {
     let text = read(path)?;
-    let rows = rows(&text, path, &["time", "requests"])?;
+    let rows = all_rows(&text, path, &["time", "requests"])?;
     let (times, counts): (Vec<f64>, Vec<f64>) = rows
         .iter()
         .map(|f| Ok((parse_time(f[0])?, f[1].parse::<f64>().context("requests")?)))
@@ -68,7 +70,7 @@ pub fn read_binned(path: &Path) -> Result<Trace> {
 /// Reads a per-request trace (`TIMESTAMP,...`) and counts arrivals per `bin_s`.
 pub fn read_requests(path: &Path, bin_s: f64) -> Result<Trace> {
     let text = read(path)?;
-    let rows = rows(&text, path, &["TIMESTAMP"])?;
+    let rows = all_rows(&text, path, &["TIMESTAMP"])?;
     let times = rows
         .iter()
         .map(|f| parse_time(f[0]))
@@ -99,38 +101,6 @@ fn stem(p: &Path) -> String {
         .and_then(|s| s.to_str())
         .unwrap_or("trace")
         .to_string()
-}
-
-fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
-}
-
-/// The data rows of `text` (read from `path`), checked against the leading header columns.
-fn rows<'a>(text: &'a str, path: &Path, cols: &[&str]) -> Result<Vec<Vec<&'a str>>> {
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines
-        .next()
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .collect();
-    if header.len() < cols.len() || header[..cols.len()] != *cols {
-        bail!(
-            "{}: expected columns {cols:?}, found {header:?}",
-            path.display()
-        );
-    }
-    lines
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| {
-            let f: Vec<&str> = l.split(',').map(str::trim).collect();
-            if f.len() < cols.len() {
-                bail!("{} row {}: too few fields", path.display(), i + 2);
-            }
-            Ok(f)
-        })
-        .collect()
 }
 
 /// `YYYY-MM-DD HH:MM:SS[.fraction]` (UTC) as seconds since the Unix epoch.

@@ -11,7 +11,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+
+use crate::csv::{read, rows};
 use weft_control::scheduler::inventory::{Cluster, NodeSpec};
 use weft_control::scheduler::policy::{PolicyKind, Shape, TargetDistribution};
 use weft_control::scheduler::rng::SplitMix64;
@@ -20,8 +22,7 @@ use weft_control::scheduler::{Scheduler, SchedulerConfig};
 
 /// Reads `sn,cpu_milli,memory_mib,gpu,model` rows.
 pub fn read_nodes(path: &Path) -> Result<Vec<NodeSpec>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = read(path)?;
     let mut out = Vec::new();
     for (i, row) in rows(&text, &["sn", "cpu_milli", "memory_mib", "gpu", "model"])?.enumerate() {
         let f = row.with_context(|| format!("{} row {}", path.display(), i + 2))?;
@@ -38,8 +39,7 @@ pub fn read_nodes(path: &Path) -> Result<Vec<NodeSpec>> {
 
 /// Reads `name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]` rows.
 pub fn read_pods(path: &Path) -> Result<Vec<TracePod>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = read(path)?;
     let mut out = Vec::new();
     let cols = ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"];
     for (i, row) in rows(&text, &cols)?.enumerate() {
@@ -64,31 +64,6 @@ pub fn read_pods(path: &Path) -> Result<Vec<TracePod>> {
         );
     }
     Ok(out)
-}
-
-/// Data rows of a simple CSV (no quoting in these files) whose header starts with `cols`.
-fn rows<'a>(
-    text: &'a str,
-    cols: &[&str],
-) -> Result<impl Iterator<Item = Result<Vec<&'a str>>> + 'a> {
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines
-        .next()
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .collect();
-    if header.len() < cols.len() || header[..cols.len()] != *cols {
-        bail!("expected columns {cols:?}, found {header:?}");
-    }
-    let n = cols.len();
-    Ok(lines.filter(|l| !l.trim().is_empty()).map(move |l| {
-        let f: Vec<&str> = l.split(',').map(str::trim).collect();
-        if f.len() < n {
-            bail!("{} fields, expected at least {n}", f.len());
-        }
-        Ok(f)
-    }))
 }
 
 fn num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T> {

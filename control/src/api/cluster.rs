@@ -173,10 +173,12 @@ pub struct ProxiesQuery {
     scope: Option<String>,
 }
 
-/// Sidecars connected to this node, as JSON items.
+/// Sidecars connected to this node, as JSON items: those with an ADS stream, and those
+/// that only report load (a report stream without ADS, e.g. a load generator's agent).
 fn local_proxies(st: &AppState) -> Vec<Value> {
     let mut reports = st.reports.views();
-    st.cache
+    let mut items: Vec<Value> = st
+        .cache
         .node_statuses()
         .into_iter()
         .map(|(node_id, s)| {
@@ -194,7 +196,35 @@ fn local_proxies(st: &AppState) -> Vec<Value> {
                 "load": report.map(|r| r.load).unwrap_or_default(),
             })
         })
-        .collect()
+        .collect();
+    items.extend(reports.into_iter().map(|(node_id, r)| {
+        json!({
+            "node_id": node_id,
+            "control_node": st.node.id(),
+            "connected": r.reporting,
+            "acked": {},
+            "nacks": {},
+            "nack": null,
+            "registration": r.registration,
+            "phi": r.phi,
+            "load": r.load,
+        })
+    }));
+    items
+}
+
+/// The sidecars of this node and of every peer that answers (`auth` is passed on), and the
+/// peers that did not answer. A sidecar that failed over is listed by each node it reported to.
+pub(crate) async fn every_nodes_proxies(st: &AppState, auth: Option<&http::HeaderValue>) -> (Vec<Value>, Vec<Value>) {
+    let mut items = local_proxies(st);
+    let mut unreachable = Vec::new();
+    for m in st.node.members().members.into_iter().filter(|m| m.id != st.node.id()) {
+        match peer_proxies(st, &m.addr, auth).await {
+            Ok(more) => items.extend(more),
+            Err(e) => unreachable.push(json!({"id": m.id, "addr": m.addr, "error": e})),
+        }
+    }
+    (items, unreachable)
 }
 
 /// GET `/v1/proxies?scope=local` from a peer.
@@ -220,23 +250,13 @@ pub async fn proxies(
     Query(q): Query<ProxiesQuery>,
     headers: http::HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let mut items = local_proxies(&st);
-    let mut unreachable = Vec::new();
-    match q.scope.as_deref() {
-        Some("local") => {}
-        None | Some("cluster") => {
-            let auth = headers.get(http::header::AUTHORIZATION);
-            for m in st.node.members().members.into_iter().filter(|m| m.id != st.node.id()) {
-                match peer_proxies(&st, &m.addr, auth).await {
-                    Ok(more) => items.extend(more),
-                    Err(e) => unreachable.push(json!({"id": m.id, "addr": m.addr, "error": e})),
-                }
-            }
-        }
+    let (items, unreachable) = match q.scope.as_deref() {
+        Some("local") => (local_proxies(&st), vec![]),
+        None | Some("cluster") => every_nodes_proxies(&st, headers.get(http::header::AUTHORIZATION)).await,
         Some(other) => {
             return Err(ApiError::field(StatusCode::BAD_REQUEST, "scope", format!("{other:?} is not local or cluster")));
         }
-    }
+    };
     let mut by_node: std::collections::BTreeMap<String, Value> = std::collections::BTreeMap::new();
     for it in items {
         let id = it["node_id"].as_str().unwrap_or_default().to_owned();

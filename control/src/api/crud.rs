@@ -41,13 +41,9 @@ fn kind(segment: &str) -> ApiResult<Kind> {
 
 /// Refuses writes of specs to kinds only the control plane writes (405, saying how instead).
 fn writable(kind: Kind) -> ApiResult<Kind> {
-    if kind.user_writable() {
-        Ok(kind)
-    } else {
-        Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!("{kind} are written by the scheduler (POST /v1/schedule/apply); DELETE releases one"),
-        ))
+    match kind.written_by() {
+        None => Ok(kind),
+        Some(by) => Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("{kind} are written by {by}"))),
     }
 }
 

@@ -5,6 +5,8 @@
 //! - `forward`: followers forward writes and linearizable reads to the leader.
 //! - `crud`: resources: list/get/put/delete, history, rollback, experiment weights.
 //! - `cluster`: members, node status, proxy status, and the `/raft/*` RPCs.
+//! - `schedule`: plan and apply placements on the GPU inventory.
+//! - `autoscale`: the autoscaler's status and spot preemption notices.
 //! - `openapi`: the OpenAPI document.
 //!
 //! Requests pass two layers before a handler: `authorize` (role by method and path) and
@@ -12,6 +14,7 @@
 //! `{"error": "...", "field": "..."}`, with the status that says who must act.
 
 pub mod auth;
+mod autoscale;
 mod cluster;
 mod crud;
 pub mod forward;
@@ -19,6 +22,7 @@ mod openapi;
 mod schedule;
 
 pub use schedule::PlanRequest;
+pub(crate) use cluster::every_nodes_proxies;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +55,8 @@ pub struct AppState {
     pub reports: Arc<crate::reports::Tracker>,
     /// Held while a schedule apply plans and commits (see `schedule`).
     pub schedule: tokio::sync::Mutex<()>,
+    /// The autoscaler's decision state (used while this node leads).
+    pub autoscale: crate::scaling::Autoscale,
 }
 
 impl AppState {
@@ -237,6 +243,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/experiments/{name}/weights", post(crud::set_weights))
         .route("/v1/schedule/plan", post(schedule::plan))
         .route("/v1/schedule/apply", post(schedule::apply))
+        .route("/v1/autoscale/status", get(autoscale::status))
+        .route("/v1/autoscale/preemption", post(autoscale::preemption))
         .route("/v1/{kind}", get(crud::list))
         .route("/v1/{kind}/{name}", get(crud::get).put(crud::put).delete(crud::delete))
         .route("/v1/{kind}/{name}/history", get(crud::history))

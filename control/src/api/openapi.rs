@@ -23,7 +23,7 @@ fn responses(schema: Value) -> Value {
 
 pub async fn document() -> Json<Value> {
     let kind = json!({"name": "kind", "in": "path", "required": true,
-        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints", "nodes", "placements"]}});
+        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints", "nodes", "placements", "autoscalers", "scalingdecisions"]}});
     let name = json!({"name": "name", "in": "path", "required": true,
         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,253}$"}});
     let consistency = json!({"name": "consistency", "in": "query", "required": false,
@@ -108,6 +108,13 @@ pub async fn document() -> Json<Value> {
                 "requestBody": body(plan_request.clone()), "responses": responses(plan_result.clone())}},
             "/v1/schedule/apply": {"post": {"summary": "Plan on the stored inventory and commit the placements (pushed over xDS as weft.v1.Placement)",
                 "requestBody": body(plan_request), "responses": responses(plan_result)}},
+            "/v1/autoscale/status": {"get": {"summary": "Per autoscaler: demand, forecast, ready replicas, the decision and why (from the leader's decision loop)",
+                "responses": responses(json!({"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object"}}}}))}},
+            "/v1/autoscale/preemption": {"post": {"summary": "A spot preemption notice: critical replicas replaced on on-demand at once",
+                "requestBody": body(json!({"type": "object", "additionalProperties": false, "properties": {
+                    "node": {"type": "string"}, "autoscaler": {"type": "string"},
+                    "replicas": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}, "notice_s": {"type": "number", "minimum": 0}}})),
+                "responses": responses(json!({"type": "object", "properties": {"revision": {"type": "integer"}, "replaced": {"type": "array"}}}))}},
             "/v1/status": {"get": {"summary": "This node's Raft role, term and applied index", "responses": responses(json!({"type": "object"}))}},
             "/v1/proxies": {"get": {"summary": "Connected sidecars: control node, ACKed versions, last NACK", "parameters": [
                 {"name": "scope", "in": "query", "required": false, "schema": {"type": "string", "enum": ["cluster", "local"]}}],

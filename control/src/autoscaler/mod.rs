@@ -13,6 +13,10 @@
 //! - [`hybrid`]: the larger of the predictive and the reactive targets.
 //! - [`capacity`]: a replica's capacity estimated from observed latency vs concurrency.
 //! - [`cost`]: spot vs on-demand by risk score, monthly budget pacing, preemption replacement.
+//! - [`spec`]: the `Autoscaler` resource users write and the `ScalingDecision` record the
+//!   leader commits.
+//! - [`live`]: the leader's decision loop as pure logic: sidecar counters → loads → decisions,
+//!   and preemption notices.
 //!
 //! Why demand is in requests per second: the sidecars report request rates, and a replica's
 //! capacity in requests per second (configured or estimated) turns demand into replicas the same
@@ -22,8 +26,10 @@ pub mod capacity;
 pub mod cost;
 pub mod forecast;
 pub mod hybrid;
+pub mod live;
 pub mod predictive;
 pub mod reactive;
+pub mod spec;
 
 /// One variant's load as its sidecars report it (aggregated over the variant's replicas).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -45,11 +45,23 @@ struct Args {
     /// Commits within this many milliseconds become one xDS push.
     #[arg(long, default_value_t = 10)]
     xds_debounce_ms: u64,
+    /// Seconds between autoscaler decisions (the leader decides for every `autoscalers`
+    /// resource; see `weftctl autoscale status`).
+    #[arg(long, default_value_t = 10.0, value_parser = positive_seconds)]
+    autoscale_interval_s: f64,
     /// Log filter (RUST_LOG syntax).
     /// (openraft's per-retry replication errors are off by default: a down peer is logged once
     /// when it goes and once when it returns.)
     #[arg(long, default_value = "info,openraft=warn,openraft::replication=off")]
     log: String,
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.1..=3600.0).contains(&v) => Ok(v),
+        Ok(v) => Err(format!("{v} is not between 0.1 and 3600 seconds")),
+        Err(e) => Err(format!("{s:?} is not a number of seconds: {e}")),
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -73,6 +85,7 @@ fn main() -> anyhow::Result<()> {
     opts.tokens = tokens;
     opts.snapshot_every = args.snapshot_every;
     opts.xds_debounce = Duration::from_millis(args.xds_debounce_ms);
+    opts.autoscale_interval = Duration::from_secs_f64(args.autoscale_interval_s);
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
         let running = server::start(opts).await?;
         wait_for_signal().await;

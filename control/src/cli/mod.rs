@@ -14,6 +14,7 @@ pub mod apply;
 pub mod client;
 pub mod diff;
 pub mod output;
+pub mod autoscale;
 pub mod schedule;
 
 use std::io::{Read, Write};
@@ -86,6 +87,11 @@ pub enum Command {
         #[command(subcommand)]
         command: ScheduleCommand,
     },
+    /// The autoscaler: what it sees and decides per variant, and spot preemption notices.
+    Autoscale {
+        #[command(subcommand)]
+        command: AutoscaleCommand,
+    },
     /// Sidecars connected to any control node, with the config versions they ACKed.
     ProxyStatus,
     /// The state of the node that answers.
@@ -99,6 +105,25 @@ pub enum ExperimentCommand {
         name: String,
         #[arg(required = true, value_name = "VARIANT=WEIGHT")]
         weights: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AutoscaleCommand {
+    /// Per autoscaler: demand, forecast, ready replicas, the decision and why.
+    Status,
+    /// A spot preemption notice: critical replicas are replaced on on-demand at once.
+    /// Give `--node` (the scheduler's placements on it), or `--autoscaler` and `--replicas`.
+    Preempt {
+        #[arg(long, conflicts_with_all = ["autoscaler", "replicas"])]
+        node: Option<String>,
+        #[arg(long, requires = "replicas")]
+        autoscaler: Option<String>,
+        #[arg(long, requires = "autoscaler")]
+        replicas: Option<u32>,
+        /// Seconds until the capacity goes.
+        #[arg(long, default_value_t = 120.0)]
+        notice_s: f64,
     },
 }
 
@@ -374,6 +399,20 @@ pub async fn run(args: Args) -> Result<(), CliError> {
             show(format, &body, schedule::plan_table);
             Ok(())
         }
+        Command::Autoscale { command: AutoscaleCommand::Status } => {
+            let body = call(&mut c, Method::GET, "/v1/autoscale/status", None).await?;
+            show(format, &body, autoscale::status_table);
+            Ok(())
+        }
+        Command::Autoscale { command: AutoscaleCommand::Preempt { node, autoscaler, replicas, notice_s } } => {
+            if node.is_none() && autoscaler.is_none() {
+                return Err(CliError::Usage("give --node, or --autoscaler and --replicas".into()));
+            }
+            let b = autoscale::notice(node, autoscaler, replicas, notice_s);
+            let body = call(&mut c, Method::POST, "/v1/autoscale/preemption", Some(&b)).await?;
+            show(format, &body, autoscale::preemption_table);
+            Ok(())
+        }
         Command::ProxyStatus => {
             let body = call(&mut c, Method::GET, "/v1/proxies", None).await?;
             for u in body["unreachable"].as_array().into_iter().flatten() {
@@ -431,13 +470,15 @@ mod tests {
             ("experiment", Kind::Experiments),
             ("node", Kind::Nodes),
             ("Placement", Kind::Placements),
+            ("autoscaler", Kind::Autoscalers),
+            ("ScalingDecision", Kind::ScalingDecisions),
         ] {
             assert_eq!(parse_kind(s), Ok(k), "{s}");
         }
         let e = parse_kind("pods").unwrap_err();
         assert_eq!(
             e,
-            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements".into())
+            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements, autoscalers, scalingdecisions".into())
         );
         assert_eq!(e.exit_code(), 2);
     }

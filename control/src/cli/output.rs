@@ -122,6 +122,23 @@ pub fn summary(kind: Kind, spec: &Value) -> String {
             cell(&spec["memory_mib"]),
             cell(&spec["pool"])
         ),
+        Kind::Autoscalers => format!(
+            "variant={} policy={} capacity={}rps replicas={}..{} cold_start={}s",
+            cell(&spec["variant"]),
+            cell(&spec["policy"]),
+            cell(&spec["capacity_rps"]),
+            cell(&spec["min_replicas"]),
+            cell(&spec["max_replicas"]),
+            cell(&spec["cold_start_s"])
+        ),
+        Kind::ScalingDecisions => format!(
+            "variant={} replicas={} (on_demand={} spot={}) reason={}",
+            cell(&spec["variant"]),
+            cell(&spec["replicas"]),
+            cell(&spec["on_demand"]),
+            cell(&spec["spot"]),
+            cell(&spec["reason"])
+        ),
         Kind::Placements => {
             let nodes: Vec<String> = spec["allocations"]
                 .as_array()

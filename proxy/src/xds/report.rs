@@ -19,20 +19,51 @@ use weft_xds::resources::v1::sidecar_reports_client::SidecarReportsClient;
 use crate::Shared;
 use crate::telemetry::VariantTotals;
 
-/// The load since `before`, one entry per variant that saw requests.
-pub fn load_delta(before: &BTreeMap<String, VariantTotals>, now: &BTreeMap<String, VariantTotals>) -> Vec<v1::VariantLoad> {
-    now.iter()
-        .filter_map(|(variant, t)| {
+/// A variant's gauges now: requests in flight and requests queued for a slot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gauges {
+    pub in_flight: u32,
+    pub queued: u32,
+}
+
+/// The load since `before`, one entry per variant that saw requests or has some in flight or
+/// queued now (a variant busy with long streams is not idle).
+pub fn load_delta(
+    before: &BTreeMap<String, VariantTotals>,
+    now: &BTreeMap<String, VariantTotals>,
+    gauges: &BTreeMap<String, Gauges>,
+) -> Vec<v1::VariantLoad> {
+    let names: std::collections::BTreeSet<&String> = now.keys().chain(gauges.keys()).collect();
+    names
+        .into_iter()
+        .filter_map(|variant| {
+            let t = now.get(variant).copied().unwrap_or_default();
             let b = before.get(variant).copied().unwrap_or_default();
+            let g = gauges.get(variant).copied().unwrap_or_default();
             let requests = t.requests.saturating_sub(b.requests);
-            (requests > 0).then(|| v1::VariantLoad {
+            (requests > 0 || g != Gauges::default()).then(|| v1::VariantLoad {
                 variant: variant.clone(),
                 requests,
                 errors: t.errors.saturating_sub(b.errors),
                 latency_ms_sum: t.latency_us.saturating_sub(b.latency_us) as f64 / 1000.0,
+                in_flight: g.in_flight,
+                queued: g.queued,
             })
         })
         .collect()
+}
+
+/// Per-variant gauges of the experiments in the running config (summed when two experiments
+/// name the same variant, as the totals are).
+fn gauges(sh: &Shared) -> BTreeMap<String, Gauges> {
+    let snap = sh.snapshot.load();
+    let mut out: BTreeMap<String, Gauges> = BTreeMap::new();
+    for v in snap.experiments.iter().flat_map(|e| &e.variants) {
+        let g = out.entry(v.name.to_string()).or_default();
+        g.in_flight += v.limiter.in_flight();
+        g.queued += v.limiter.pending();
+    }
+    out
 }
 
 /// Runs the report stream on `channel` until it fails; returns why.
@@ -61,7 +92,7 @@ pub async fn run(
             _ = tick.tick() => {
                 seq += 1;
                 let now = sh.telemetry.variant_totals();
-                let report = v1::SidecarReport { node_id: node_id.clone(), registration: None, seq, load: load_delta(&last, &now) };
+                let report = v1::SidecarReport { node_id: node_id.clone(), registration: None, seq, load: load_delta(&last, &now, &gauges(&sh)) };
                 last = now;
                 if tx.send(report).await.is_err() {
                     return "report stream closed".into();
@@ -89,8 +120,12 @@ mod tests {
             ("b".to_string(), t(4, 0, 1_000)),
             ("c".to_string(), t(2, 0, 500)),
         ]);
-        let d = load_delta(&before, &now);
+        let d = load_delta(&before, &now, &BTreeMap::new());
         let got: Vec<_> = d.iter().map(|l| (l.variant.as_str(), l.requests, l.errors, l.latency_ms_sum)).collect();
         assert_eq!(got, vec![("a", 5, 2, 4.0), ("c", 2, 0, 0.5)], "idle variants are left out");
+        let streaming = BTreeMap::from([("b".to_string(), Gauges { in_flight: 3, queued: 1 })]);
+        let d = load_delta(&before, &now, &streaming);
+        let got: Vec<_> = d.iter().map(|l| (l.variant.as_str(), l.requests, l.in_flight, l.queued)).collect();
+        assert_eq!(got, vec![("a", 5, 0, 0), ("b", 0, 3, 1), ("c", 2, 0, 0)], "a variant with streams open is reported");
     }
 }

@@ -1,0 +1,236 @@
+//! What a user writes to autoscale one variant (an `autoscalers/<name>` resource), and what the
+//! decision loop writes back (a `scalingdecisions/<name>` resource, pushed over xDS as
+//! `weft.v1.ScalingDecision`). Validation names the field at fault.
+
+use serde::{Deserialize, Serialize};
+
+use super::VariantConfig;
+use super::cost::Pool;
+
+/// Which policy decides.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Knative's KPA on the observed demand.
+    Reactive,
+    /// Ahead of the Holt-Winters forecast, falling back to the observed demand.
+    Predictive,
+    /// The larger of the two (the default).
+    #[default]
+    Hybrid,
+}
+
+impl PolicyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::Reactive => "reactive",
+            PolicyKind::Predictive => "predictive",
+            PolicyKind::Hybrid => "hybrid",
+        }
+    }
+}
+
+/// The spot pool a variant may use: what a GPU-hour costs there and how often one is taken back.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpotSpec {
+    pub price_per_hour: f64,
+    pub preemptions_per_hour: f64,
+}
+
+/// An autoscaler for one variant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoscalerSpec {
+    /// The resource's name (the API fills it in from the URL).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// The variant as the sidecars label their load reports (the experiment variant's name).
+    pub variant: String,
+    #[serde(default)]
+    pub policy: PolicyKind,
+    /// Requests per second one replica serves at full utilization.
+    pub capacity_rps: f64,
+    /// Seconds from "start a replica" to "it serves", base weights not resident.
+    #[serde(default = "default_cold_start")]
+    pub cold_start_s: f64,
+    #[serde(default = "default_min")]
+    pub min_replicas: u32,
+    #[serde(default = "default_max")]
+    pub max_replicas: u32,
+    /// 0 (best effort) ..= 1 (critical): decides the pool and preemption replacement.
+    #[serde(default = "default_criticality")]
+    pub criticality: f64,
+    /// A queue counts as extra demand that drains it within this many seconds.
+    #[serde(default = "default_drain")]
+    pub backlog_drain_s: f64,
+    /// Without it, every replica runs on on-demand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot: Option<SpotSpec>,
+}
+
+fn default_cold_start() -> f64 {
+    60.0
+}
+fn default_min() -> u32 {
+    1
+}
+fn default_max() -> u32 {
+    100
+}
+fn default_criticality() -> f64 {
+    1.0
+}
+fn default_drain() -> f64 {
+    30.0
+}
+
+/// A spec field that does not hold: `(field, message)`.
+pub type SpecError = (&'static str, String);
+
+impl AutoscalerSpec {
+    /// Checks every field; the error names the first one at fault.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        // Upper bounds keep the policies' arithmetic finite (the forecaster scans the buckets of
+        // one lead time): no real replica takes an hour to start or serves 10^9 requests/s.
+        let within = |field: &'static str, v: f64, max: f64| {
+            if v.is_finite() && v > 0.0 && v <= max {
+                Ok(())
+            } else {
+                Err((field, format!("{v} must be above 0 and at most {max}")))
+            }
+        };
+        if self.variant.trim().is_empty() {
+            return Err(("variant", "must name the variant the sidecars report load for".into()));
+        }
+        within("capacity_rps", self.capacity_rps, 1e9)?;
+        within("cold_start_s", self.cold_start_s, 3600.0)?;
+        within("backlog_drain_s", self.backlog_drain_s, 86_400.0)?;
+        if self.max_replicas > 100_000 {
+            return Err(("max_replicas", format!("{} is above 100000", self.max_replicas)));
+        }
+        if self.max_replicas == 0 {
+            return Err(("max_replicas", "must be at least 1".into()));
+        }
+        if self.min_replicas > self.max_replicas {
+            return Err(("min_replicas", format!("{} is above max_replicas {}", self.min_replicas, self.max_replicas)));
+        }
+        if !(0.0..=1.0).contains(&self.criticality) {
+            return Err(("criticality", format!("{} is not in [0, 1]", self.criticality)));
+        }
+        if let Some(s) = &self.spot {
+            if !(s.price_per_hour.is_finite() && s.price_per_hour >= 0.0) {
+                return Err(("spot.price_per_hour", format!("{} must be 0 or more", s.price_per_hour)));
+            }
+            if !(s.preemptions_per_hour.is_finite() && s.preemptions_per_hour >= 0.0) {
+                return Err(("spot.preemptions_per_hour", format!("{} must be 0 or more", s.preemptions_per_hour)));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn variant_config(&self) -> VariantConfig {
+        VariantConfig {
+            capacity_rps: self.capacity_rps,
+            cold_start_s: self.cold_start_s,
+            min_replicas: self.min_replicas,
+            max_replicas: self.max_replicas,
+            criticality: self.criticality,
+            backlog_drain_s: self.backlog_drain_s,
+        }
+    }
+
+    pub fn spot_pool(&self) -> Option<Pool> {
+        self.spot.map(|s| Pool { price_per_hour: s.price_per_hour, preemptions_per_hour: s.preemptions_per_hour })
+    }
+}
+
+/// A committed replica target (the `scalingdecisions/<autoscaler>` resource).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionRecord {
+    pub variant: String,
+    pub policy: PolicyKind,
+    pub replicas: u32,
+    pub on_demand: u32,
+    pub spot: u32,
+    /// `stable`, `panic`, `forecast`, `undershoot`, `hold_scale_in` or `preemption`.
+    pub reason: String,
+    pub demand_rps: f64,
+    #[serde(default)]
+    pub forecast_rps: Option<f64>,
+}
+
+impl DecisionRecord {
+    /// Whether committing `self` over `old` changes what runs (the sizing inputs alone do not:
+    /// they change every interval and would make every decision a Raft write).
+    pub fn differs_from(&self, old: &DecisionRecord) -> bool {
+        (self.replicas, self.on_demand, self.spot, self.policy) != (old.replicas, old.on_demand, old.spot, old.policy)
+    }
+
+    pub fn to_xds(&self, name: &str) -> weft_xds::resources::v1::ScalingDecision {
+        weft_xds::resources::v1::ScalingDecision {
+            name: name.into(),
+            variant: self.variant.clone(),
+            replicas: self.replicas,
+            on_demand: self.on_demand,
+            spot: self.spot,
+            policy: self.policy.as_str().into(),
+            reason: self.reason.clone(),
+            demand_rps: self.demand_rps,
+            forecast_rps: self.forecast_rps.unwrap_or(0.0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> AutoscalerSpec {
+        serde_json::from_value(serde_json::json!({"variant": "a", "capacity_rps": 10.0})).unwrap()
+    }
+
+    #[test]
+    fn defaults_are_filled_and_valid() {
+        let s = spec();
+        assert_eq!((s.policy, s.min_replicas, s.max_replicas, s.cold_start_s), (PolicyKind::Hybrid, 1, 100, 60.0));
+        assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let cases: [(fn(&mut AutoscalerSpec), &str); 6] = [
+            (|s| s.capacity_rps = 0.0, "capacity_rps"),
+            (|s| s.cold_start_s = 1e308, "cold_start_s"),
+            (|s| s.min_replicas = 200, "min_replicas"),
+            (|s| s.criticality = 1.5, "criticality"),
+            (|s| s.variant = " ".into(), "variant"),
+            (
+                |s| s.spot = Some(SpotSpec { price_per_hour: 1.0, preemptions_per_hour: -1.0 }),
+                "spot.preemptions_per_hour",
+            ),
+        ];
+        for (break_it, field) in cases {
+            let mut s = spec();
+            break_it(&mut s);
+            assert_eq!(s.validate().unwrap_err().0, field);
+        }
+    }
+
+    #[test]
+    fn only_what_runs_makes_a_new_decision() {
+        let a = DecisionRecord {
+            variant: "a".into(),
+            policy: PolicyKind::Hybrid,
+            replicas: 3,
+            on_demand: 2,
+            spot: 1,
+            reason: "stable".into(),
+            demand_rps: 20.0,
+            forecast_rps: None,
+        };
+        let resized = DecisionRecord { demand_rps: 21.0, reason: "forecast".into(), ..a.clone() };
+        assert!(!resized.differs_from(&a));
+        assert!(DecisionRecord { spot: 0, on_demand: 3, ..a.clone() }.differs_from(&a));
+    }
+}

@@ -1,0 +1,103 @@
+//! `weftctl autoscale status` (per autoscaler: demand, forecast, ready, decision and why, from
+//! the leader's decision loop) and `weftctl autoscale preempt` (a spot preemption notice).
+
+use serde_json::{Value, json};
+
+use super::output::{cell, table};
+
+fn rps(v: &Value) -> String {
+    v.as_f64().map_or_else(|| "-".into(), |x| format!("{x:.1}"))
+}
+
+/// The human view of `GET /v1/autoscale/status`.
+pub fn status_table(body: &Value) -> String {
+    let mut rows = Vec::new();
+    let mut whys = Vec::new();
+    for it in body["items"].as_array().into_iter().flatten() {
+        let s = &it["status"];
+        let d = if s.is_null() { &it["committed"]["decision"] } else { &s["decision"] };
+        let target = if d.is_null() {
+            "-".to_string()
+        } else {
+            format!("{} ({} od + {} spot)", cell(&d["replicas"]), cell(&d["on_demand"]), cell(&d["spot"]))
+        };
+        rows.push(vec![
+            cell(&it["name"]),
+            cell(&it["variant"]),
+            cell(&it["policy"]),
+            rps(&s["demand_rps"]),
+            rps(&s["forecast_rps"]),
+            if s.is_null() { "-".into() } else { cell(&s["ready"]) },
+            target,
+            if d.is_null() { "-".into() } else { cell(&d["reason"]) },
+        ]);
+        let why = if s.is_null() { "no decision yet on this leader (it needs two load readings)".into() } else { cell(&s["why"]) };
+        whys.push(format!("{}: {why}", cell(&it["name"])));
+    }
+    if rows.is_empty() {
+        return "no autoscalers (apply a `kind: Autoscaler` document)\n".into();
+    }
+    let mut out = table(&["NAME", "VARIANT", "POLICY", "DEMAND/s", "FORECAST/s", "READY", "TARGET", "REASON"], &rows);
+    out.push('\n');
+    for w in whys {
+        out.push_str(&w);
+        out.push('\n');
+    }
+    out
+}
+
+/// The body of `POST /v1/autoscale/preemption`.
+pub fn notice(node: Option<String>, autoscaler: Option<String>, replicas: Option<u32>, notice_s: f64) -> Value {
+    let mut b = json!({ "notice_s": notice_s });
+    if let Some(n) = node {
+        b["node"] = json!(n);
+    }
+    if let Some(a) = autoscaler {
+        b["autoscaler"] = json!(a);
+    }
+    if let Some(r) = replicas {
+        b["replicas"] = json!(r);
+    }
+    b
+}
+
+/// The human view of a preemption's outcome.
+pub fn preemption_table(body: &Value) -> String {
+    let rows: Vec<Vec<String>> = body["replaced"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            vec![
+                cell(&r["autoscaler"]),
+                cell(&r["variant"]),
+                cell(&r["lost"]),
+                cell(&r["on_demand_started"]),
+                format!("{} ({} od + {} spot)", cell(&r["decision"]["replicas"]), cell(&r["decision"]["on_demand"]), cell(&r["decision"]["spot"])),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return "no autoscaled spot replicas affected\n".into();
+    }
+    table(&["AUTOSCALER", "VARIANT", "SPOT LOST", "ON-DEMAND STARTED", "TARGET"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_shows_demand_forecast_decision_and_why() {
+        let body = json!({"items": [
+            {"name": "chat-a", "variant": "a", "policy": "hybrid",
+             "status": {"demand_rps": 42.25, "forecast_rps": 50.0, "ready": 4, "why": "ahead of the forecast",
+                        "decision": {"replicas": 6, "on_demand": 3, "spot": 3, "reason": "forecast"}}},
+            {"name": "chat-b", "variant": "b", "policy": "reactive", "status": null, "committed": null}
+        ]});
+        let t = status_table(&body);
+        assert!(t.contains("chat-a") && t.contains("42.2") && t.contains("50.0") && t.contains("6 (3 od + 3 spot)"), "{t}");
+        assert!(t.contains("forecast") && t.contains("chat-a: ahead of the forecast"), "{t}");
+        assert!(t.contains("chat-b: no decision yet"), "{t}");
+    }
+}

@@ -1,0 +1,168 @@
+//! The autoscaler end to end on a real single-node control plane: an `Autoscaler` applied
+//! with weftctl, a sidecar's load reports on the gRPC report stream, the leader's decision
+//! committed as a `scalingdecisions` resource and pushed over ADS as `weft.v1.ScalingDecision`,
+//! `weftctl autoscale status`, and a spot preemption notice replacing critical replicas on
+//! on-demand. Bad input (an invalid spec, a hand-written decision, a notice for an unknown
+//! autoscaler) is refused with the field named and nothing written.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use weft_xds::resources::{from_any, v1};
+use weft_xds::transport::{AggregatedDiscoveryServiceClient, DiscoveryRequest, Node as XdsNode};
+use weft_xds::typeurl::SCALING_DECISION;
+
+const AUTOSCALER: &str = "\
+kind: Autoscaler
+name: chat-a
+spec:
+  variant: a
+  policy: hybrid
+  capacity_rps: 10
+  cold_start_s: 30
+  min_replicas: 1
+  max_replicas: 20
+  spot: { price_per_hour: 1.0, preemptions_per_hour: 0.01 }
+";
+
+/// Reports `rps` for variant `a` every 100 ms until the returned sender is dropped.
+async fn sidecar(xds: std::net::SocketAddr, rps: u64) -> mpsc::Sender<()> {
+    let (tx, rx) = mpsc::channel::<v1::SidecarReport>(16);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{xds}")).unwrap().connect().await.unwrap();
+    let mut client = v1::sidecar_reports_client::SidecarReportsClient::new(channel);
+    let registration = v1::Registration {
+        cluster: "chat-a".into(),
+        address: "127.0.0.1:9".into(),
+        variant: "a".into(),
+        ..Default::default()
+    };
+    tx.send(v1::SidecarReport { node_id: "side-a".into(), registration: Some(registration), seq: 1, load: vec![] })
+        .await
+        .unwrap();
+    let mut acks = client.report(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let (stop, mut stopped) = mpsc::channel::<()>(1);
+    tokio::spawn(async move {
+        let mut seq = 1;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                _ = stopped.recv() => return,
+            }
+            seq += 1;
+            let load = vec![v1::VariantLoad {
+                variant: "a".into(),
+                requests: rps / 10,
+                latency_ms_sum: (rps / 10) as f64 * 40.0,
+                in_flight: 8,
+                ..Default::default()
+            }];
+            if tx.send(v1::SidecarReport { node_id: "side-a".into(), registration: None, seq, load }).await.is_err() {
+                return;
+            }
+            let _ = acks.message().await;
+        }
+    });
+    stop
+}
+
+/// Polls the stored decision until `done` holds.
+async fn decision_until(url: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = ctl(url, &["get", "scalingdecisions", "chat-a", "-o", "json"], None).await;
+        if o.code == 0 {
+            let v: Value = serde_json::from_str(&o.stdout).unwrap();
+            if done(&v["spec"]) {
+                return v;
+            }
+        }
+        assert!(Instant::now() < deadline, "no decision where {what} within 20 s: {o:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_reports_become_committed_pushed_decisions_and_preemption_replaces_on_demand() {
+    let node = start_with(|o| o.autoscale_interval = Duration::from_millis(250)).await;
+    let url = node.url.clone();
+    let dir = tempfile::tempdir().unwrap();
+
+    // An invalid spec is refused, naming the field; nothing is written.
+    let bad = write(&dir, "bad.yaml", &AUTOSCALER.replace("capacity_rps: 10", "capacity_rps: 0"));
+    let before = revisions(&url).await;
+    let o = ctl(&url, &["apply", "-f", &bad], None).await;
+    assert_ne!(o.code, 0, "{o:?}");
+    assert!(o.stderr.contains("capacity_rps"), "{o:?}");
+    assert_eq!(revisions(&url).await, before);
+
+    ok(&url, &["apply", "-f", &write(&dir, "as.yaml", AUTOSCALER)]).await;
+    // Idle: the floor, all on on-demand or split by risk.
+    let idle = decision_until(&url, "the first decision is committed", |d| d["replicas"] == 1).await;
+    assert_eq!(idle["spec"]["variant"], "a");
+
+    // 500 rps against 10 rps per replica: the decision hits max_replicas.
+    let stop = sidecar(node.running.xds_addr, 500).await;
+    let busy = decision_until(&url, "replicas reach max_replicas", |d| d["replicas"] == 20).await;
+    let d = &busy["spec"];
+    assert_eq!(d["on_demand"].as_u64().unwrap() + d["spot"].as_u64().unwrap(), 20);
+    assert!(d["spot"].as_u64().unwrap() > 0, "cheap, reliable spot is used: {d}");
+    assert!(d["on_demand"].as_u64().unwrap() >= 10, "a critical variant keeps half on on-demand: {d}");
+
+    // Pushed over ADS to any subscriber.
+    let (tx, rx) = mpsc::channel(4);
+    let mut ads = AggregatedDiscoveryServiceClient::connect(format!("http://{}", node.running.xds_addr)).await.unwrap();
+    let mut responses = ads.stream_aggregated_resources(ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let xds_node = XdsNode { id: "scheduler-agent".into(), ..Default::default() };
+    tx.send(DiscoveryRequest { node: Some(xds_node), type_url: SCALING_DECISION.into(), ..Default::default() }).await.unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), responses.message()).await.unwrap().unwrap().unwrap();
+    let pushed: v1::ScalingDecision = from_any(&resp.resources[0]).unwrap();
+    assert_eq!((pushed.name.as_str(), pushed.variant.as_str(), pushed.policy.as_str()), ("chat-a", "a", "hybrid"));
+    assert!(pushed.replicas >= 1 && pushed.demand_rps >= 0.0, "{pushed:?}");
+
+    // The status: demand, forecast, ready, decision and why.
+    let table = ok(&url, &["autoscale", "status"]).await;
+    assert!(table.contains("chat-a") && table.contains("hybrid") && table.contains("20 ("), "{table}");
+    let status = json(&url, &["autoscale", "status"]).await;
+    let s = &status["items"][0]["status"];
+    assert!(s["demand_rps"].as_f64().unwrap() > 300.0, "{s}");
+    assert_eq!(s["ready"], 1, "one healthy registered endpoint of variant a");
+    assert!(!s["why"].as_str().unwrap().is_empty());
+
+    // A preemption notice: the critical variant's lost spot replicas come back on on-demand.
+    let now = decision_until(&url, "the target is steady", |d| d["replicas"] == 20).await;
+    let (od, spot) = (now["spec"]["on_demand"].as_u64().unwrap(), now["spec"]["spot"].as_u64().unwrap());
+    let out = ok(&url, &["autoscale", "preempt", "--autoscaler", "chat-a", "--replicas", "4", "-o", "json"]).await;
+    let out: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(out["replaced"][0]["on_demand_started"], 4, "{out}");
+    let after = decision_until(&url, "the replacements are committed", |d| d["on_demand"] == od + 4).await;
+    assert_eq!(after["spec"]["spot"], spot - 4);
+    // Held on on-demand by the next decisions (the spot pool is being taken away).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let held = json(&url, &["get", "scalingdecisions", "chat-a"]).await;
+    assert!(held["spec"]["on_demand"].as_u64().unwrap() >= od + 4, "{held}");
+
+    // Bad notices and hand-written decisions are refused, naming the problem.
+    let o = ctl(&url, &["autoscale", "preempt", "--autoscaler", "nope", "--replicas", "1"], None).await;
+    assert_ne!(o.code, 0);
+    assert!(o.stderr.contains("autoscaler") && o.stderr.contains("nope"), "{o:?}");
+    let o = ctl(&url, &["autoscale", "preempt", "--node", "gpu-404"], None).await;
+    assert!(o.code != 0 && o.stderr.contains("gpu-404"), "{o:?}");
+    let hand = write(&dir, "hand.yaml", "kind: ScalingDecision\nname: chat-a\nspec: {replicas: 99}\n");
+    let o = ctl(&url, &["apply", "-f", &hand], None).await;
+    assert!(o.code != 0, "{o:?}");
+    assert!(json(&url, &["get", "scalingdecisions", "chat-a"]).await["spec"]["replicas"] != 99);
+
+    // Deleting the autoscaler retires its decision.
+    ok(&url, &["delete", "autoscaler", "chat-a"]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ctl(&url, &["get", "scalingdecisions", "chat-a"], None).await.code == 0 {
+        assert!(Instant::now() < deadline, "the decision of a deleted autoscaler stays");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(stop);
+}
