@@ -41,8 +41,9 @@ if [ "$cargo_build" = 1 ]; then
   say "cargo build --release -p weft-control -p weft-proxy --bins"
   cargo build --release -p weft-control -p weft-proxy --bins
 else
-  newer=$(find proxy/src control/src xds/src -name '*.rs' -newer "$BIN/weft-proxy" -print -quit 2>/dev/null || true)
-  [ -z "$newer" ] || say "warning: $newer is newer than target/release/weft-proxy; run with --cargo to rebuild"
+  oldest=$(cd "$BIN" && ls -tr "${WEFT_BINS[@]}" | head -1)
+  newer=$(find proxy/src control/src xds \( -name '*.rs' -o -name '*.proto' \) -newer "$BIN/$oldest" -print -quit 2>/dev/null || true)
+  [ -z "$newer" ] || say "warning: $newer changed after target/release/$oldest was built; the images get the binaries as they are (--cargo rebuilds them first)"
 fi
 command -v docker >/dev/null || die "docker not found"
 
@@ -67,11 +68,16 @@ finish_context() {
   mapfile -t exes < <(find "$dir/files" -type f -perm -u+x)
   mkdir -p "$dir/runtime-host/etc/weft-image" "$dir/runtime-host/tmp" "$dir/runtime-base/etc/weft-image"
   chmod 1777 "$dir/runtime-host/tmp"
-  # glibc ≥ 2.34 has the files and dns NSS modules built in; older ones load them at run time.
-  for lib in /lib/x86_64-linux-gnu/libnss_dns.so.2 /lib/x86_64-linux-gnu/libnss_files.so.2 /lib/x86_64-linux-gnu/libresolv.so.2; do
-    [ -e "$lib" ] && exes+=("$lib")
-  done
   libs=$(copy_libs "$dir/runtime-host" "${exes[@]}")
+  # Name resolution: glibc ≥ 2.34 has the files and dns NSS modules built in (these files are
+  # stubs then); older ones dlopen them, so they go in too (their dependencies are in libc).
+  local lib
+  for lib in /lib/x86_64-linux-gnu/libnss_dns.so.2 /lib/x86_64-linux-gnu/libnss_files.so.2 /lib/x86_64-linux-gnu/libresolv.so.2; do
+    [ -e "$lib" ] && [ ! -e "$dir/runtime-host$lib" ] || continue
+    mkdir -p "$dir/runtime-host$(dirname "$lib")"
+    cp -L "$lib" "$dir/runtime-host$lib"
+    libs+=$'\n'"$lib"
+  done
   printf 'hosts: files dns\n' > "$dir/runtime-host/etc/nsswitch.conf"
   { echo "# $name: shared libraries copied from the build machine ($(uname -srm))"; echo "$libs"; } \
     > "$dir/runtime-host/etc/weft-image/$name-runtime.txt"
@@ -104,22 +110,46 @@ cp deploy/setup.sh "$CTX/weft-tools/files/usr/local/bin/weft-setup"
 chmod +x "$CTX/weft-tools/files/usr/local/bin/"*
 finish_context weft-tools
 
-# weft-prometheus: the Debian package's binary.
+# weft-prometheus: the Debian package's binary and the files of its web UI (templates, and the
+# JavaScript/CSS it takes from Debian's libjs-* packages: only the files the pages load).
 mkdir -p "$CTX/weft-prometheus/files/usr/local/bin"
-if command -v prometheus >/dev/null; then
+if command -v prometheus >/dev/null && [ -d /usr/share/prometheus/web/templates ]; then
+  prom_root=/
   cp "$(command -v prometheus)" "$CTX/weft-prometheus/files/usr/local/bin/"
 else
-  deb_dir=$CTX/prometheus-deb
-  mkdir -p "$deb_dir"
-  say "prometheus not installed: apt-get download prometheus (unpacked, not installed)"
-  if ! (cd "$deb_dir" && apt-get download prometheus >/dev/null 2>&1); then
-    apt-get update -qq
-    (cd "$deb_dir" && apt-get download prometheus >/dev/null 2>&1) || die "apt-get download prometheus failed"
+  debs=$ROOT/target/docker-debs # kept between runs: downloaded once
+  mkdir -p "$debs"
+  if ! ls "$debs"/prometheus_*.deb >/dev/null 2>&1; then
+    say "prometheus not installed: apt-get download prometheus and its web UI's libjs-* packages (unpacked, not installed)"
+    ui_pkgs=$(apt-cache depends prometheus 2>/dev/null | awk '/Depends: (libjs|fonts)/ {print $2}' || true)
+    if ! (cd "$debs" && apt-get download prometheus $ui_pkgs libjs-d3 >/dev/null 2>&1); then
+      apt-get update -qq
+      ui_pkgs=$(apt-cache depends prometheus 2>/dev/null | awk '/Depends: (libjs|fonts)/ {print $2}' || true)
+      (cd "$debs" && apt-get download prometheus $ui_pkgs libjs-d3 >/dev/null 2>&1) ||
+        (cd "$debs" && apt-get download prometheus >/dev/null 2>&1) || die "apt-get download prometheus failed"
+    fi
   fi
-  dpkg-deb -x "$deb_dir"/prometheus_*.deb "$deb_dir/root"
-  cp "$deb_dir/root/usr/bin/prometheus" "$CTX/weft-prometheus/files/usr/local/bin/"
-  rm -rf "$deb_dir"
+  prom_root=$CTX/prometheus-root
+  for d in "$debs"/*.deb; do dpkg-deb -x "$d" "$prom_root"; done
+  cp "$prom_root/usr/bin/prometheus" "$CTX/weft-prometheus/files/usr/local/bin/"
 fi
+web=$prom_root/usr/share/prometheus/web
+ui=$CTX/weft-prometheus/files/usr/share/prometheus/web
+if [ -d "$web/templates" ]; then
+  mkdir -p "$ui/static"
+  cp -r "$web/templates" "$ui/"
+  for d in css img js vendor; do [ -d "$web/static/$d" ] && cp -rL "$web/static/$d" "$ui/static/" 2>/dev/null; done
+  missing=0
+  for f in $(grep -rhoE 'static/[A-Za-z0-9./_-]+' "$web/templates" | sort -u); do
+    [ -e "$ui/$f" ] && continue
+    mkdir -p "$(dirname "$ui/$f")"
+    cp -L "$web/$f" "$ui/$f" 2>/dev/null || missing=$((missing + 1))
+  done
+  [ "$missing" = 0 ] || say "warning: $missing files of the Prometheus web UI are missing (its HTTP API is unaffected)"
+else
+  say "warning: no Prometheus web UI files found (its HTTP API is unaffected)"
+fi
+rm -rf "$CTX/prometheus-root"
 finish_context weft-prometheus
 
 build weft "$BASE"

@@ -54,7 +54,8 @@ teardown() {
   exit "$rc"
 }
 trap teardown EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # Polls "$@" every 0.5 s until it succeeds, for at most $WAIT seconds.
 wait_for() {
@@ -204,6 +205,10 @@ log "after the write: 20 users -> $SPLIT (weights a=100 b=0 pushed by the surviv
 wait_for "the load generator's requests reach Prometheus" loadgen_seen
 r=$(promq 'sum(weft_requests_total{node="client"})' | grep -o '"value":\[[^]]*\]' | sed 's/.*,"\(.*\)"\]/\1/')
 log "prometheus: $r requests through the client sidecar so far (load generator + checks)"
+
+p95=$(promq 'histogram_quantile(0.95, sum by (le, variant) (rate(weft_request_duration_seconds_bucket{node="client"}[1m])))' |
+  grep -o '"variant":"[^"]*"},"value":\[[^]]*\]' | sed -e 's/"variant":"//' -e 's/"},"value":\[[0-9.]*,"/=/' -e 's/"\]//' | tr '\n' ' ')
+log "prometheus: p95 latency (s) by variant at the client sidecar, last minute: $p95"
 
 ok=1
 log "PASS"
