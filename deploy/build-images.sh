@@ -3,7 +3,7 @@
 #
 #   weft:local             weft-control, weftctl, weft, weft-proxy, weft-model-sim (release builds)
 #   weft-tools:local       weft:local + bash, curl, sleep + deploy/loadgen.sh, deploy/setup.sh
-#   weft-prometheus:local  Debian's prometheus binary
+#   weft-prometheus:local  Debian's prometheus binary and its classic web UI
 #
 # each FROM scratch plus the shared libraries the programs need (ldd), copied from this machine.
 #
@@ -32,7 +32,7 @@ cargo_build=0
 for a in "$@"; do
   case $a in
     --cargo) cargo_build=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed -E 's/^# ?//'; exit 0 ;;
     *) die "unknown argument $a (see --help)" ;;
   esac
 done
@@ -41,9 +41,15 @@ if [ "$cargo_build" = 1 ]; then
   say "cargo build --release -p weft-control -p weft-proxy --bins"
   cargo build --release -p weft-control -p weft-proxy --bins
 else
-  oldest=$(cd "$BIN" && ls -tr "${WEFT_BINS[@]}" | head -1)
-  newer=$(find proxy/src control/src xds \( -name '*.rs' -o -name '*.proto' \) -newer "$BIN/$oldest" -print -quit 2>/dev/null || true)
-  [ -z "$newer" ] || say "warning: $newer changed after target/release/$oldest was built; the images get the binaries as they are (--cargo rebuilds them first)"
+  # A source of a binary's crates newer than the binary: the images would get old code.
+  for b in "${WEFT_BINS[@]}"; do
+    case $b in weft-proxy|weft-model-sim) srcs=(proxy/src xds) ;; *) srcs=(control/src proxy/src xds) ;; esac
+    newer=$(find "${srcs[@]}" \( -name '*.rs' -o -name '*.proto' \) -newer "$BIN/$b" -print -quit 2>/dev/null || true)
+    if [ -n "$newer" ]; then
+      say "warning: $newer changed after target/release/$b was built; the images get the binaries as they are (--cargo rebuilds them first)"
+      break
+    fi
+  done
 fi
 command -v docker >/dev/null || die "docker not found"
 
