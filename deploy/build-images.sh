@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the compose mesh's images without an image registry (see deploy/Dockerfile):
 #
-#   weft:local             weft-control, weftctl, weft, weft-proxy, weft-model-sim (release builds)
+#   weft:local             weft-control, weftctl, weft-proxy, weft-model-sim (release builds)
 #   weft-tools:local       weft:local + bash, curl, sleep + deploy/loadgen.sh, deploy/setup.sh
 #   weft-prometheus:local  Debian's prometheus binary and its classic web UI
 #
@@ -23,7 +23,7 @@ BASE=${WEFT_BASE:-scratch}
 RUNTIME=${WEFT_RUNTIME:-host}
 CTX=$ROOT/target/docker
 BIN=$ROOT/target/release
-WEFT_BINS=(weft-control weftctl weft weft-proxy weft-model-sim)
+WEFT_BINS=(weft-control weftctl weft-proxy weft-model-sim) # not `weft` (demo): the mesh does not run it
 
 say() { echo "build-images: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -38,8 +38,8 @@ for a in "$@"; do
 done
 for b in "${WEFT_BINS[@]}"; do [ -x "$BIN/$b" ] || cargo_build=1; done
 if [ "$cargo_build" = 1 ]; then
-  say "cargo build --release -p weft-control -p weft-proxy --bins"
-  cargo build --release -p weft-control -p weft-proxy --bins
+  say "cargo build --release -p weft-control -p weft-proxy --bin weft-control --bin weftctl --bin weft-proxy --bin weft-model-sim"
+  cargo build --release -p weft-control -p weft-proxy --bin weft-control --bin weftctl --bin weft-proxy --bin weft-model-sim
 else
   # A source of a binary's crates newer than the binary: the images would get old code.
   for b in "${WEFT_BINS[@]}"; do
