@@ -13,6 +13,7 @@ pub mod api;
 pub mod autoscaler;
 pub mod cli;
 pub mod demo;
+pub mod experiments;
 pub mod fault;
 pub mod placements;
 pub mod publish;
