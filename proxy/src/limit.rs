@@ -2,7 +2,7 @@
 //! `max_pending` waiting for a slot. Anything beyond is shed at once (503 + `x-weft-shed`),
 //! so a slow variant cannot queue requests without bound or starve its sibling.
 
-use metrics::Gauge;
+use metrics::{Counter, Gauge};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -16,6 +16,8 @@ pub struct Limiter {
     active: Arc<AtomicU32>,
     max_pending: u32,
     pending: AtomicU32,
+    /// Requests refused (`weft_shed_total`).
+    shed: Counter,
 }
 
 /// Held for the whole life of the request, response stream included.
@@ -34,9 +36,9 @@ impl Drop for Slot {
 
 impl Limiter {
     /// `max_concurrency` 0 = unlimited.
-    pub fn new(max_concurrency: u32, max_pending: u32, in_flight: Gauge) -> Limiter {
+    pub fn new(max_concurrency: u32, max_pending: u32, in_flight: Gauge, shed: Counter) -> Limiter {
         let slots = (max_concurrency > 0).then(|| Arc::new(Semaphore::new(max_concurrency as usize)));
-        Limiter { slots, in_flight, active: Arc::default(), max_pending, pending: AtomicU32::new(0) }
+        Limiter { slots, in_flight, active: Arc::default(), max_pending, pending: AtomicU32::new(0), shed }
     }
 
     fn slot(&self, permit: Option<OwnedSemaphorePermit>) -> Slot {
@@ -63,6 +65,7 @@ impl Limiter {
         }
         if self.pending.fetch_add(1, Relaxed) >= self.max_pending {
             self.pending.fetch_sub(1, Relaxed);
+            self.shed.increment(1);
             return None;
         }
         let _leave = PendingGuard(&self.pending);
@@ -84,7 +87,7 @@ mod tests {
 
     #[tokio::test]
     async fn sheds_beyond_pending() {
-        let l = Arc::new(Limiter::new(1, 1, Gauge::noop()));
+        let l = Arc::new(Limiter::new(1, 1, Gauge::noop(), Counter::noop()));
         let held = l.acquire().await.unwrap();
         let l2 = l.clone();
         let waiter = tokio::spawn(async move { l2.acquire().await.is_some() });
@@ -97,6 +100,6 @@ mod tests {
         drop(held);
         assert!(waiter.await.unwrap(), "the queued request gets the slot");
         assert_eq!((l.in_flight(), l.pending()), (0, 0));
-        assert!(Limiter::new(0, 0, Gauge::noop()).acquire().await.is_some(), "0 = unlimited");
+        assert!(Limiter::new(0, 0, Gauge::noop(), Counter::noop()).acquire().await.is_some(), "0 = unlimited");
     }
 }

@@ -316,8 +316,9 @@ fn compile_experiment(
                     metrics::Label::new("experiment", e.name.clone()),
                     metrics::Label::new("variant", v.name.clone()),
                 ];
-                let gauge = tel.gauge("weft_variant_requests_in_flight", labels);
-                Arc::new(Limiter::new(v.max_concurrency, v.max_pending, gauge))
+                let gauge = tel.gauge("weft_variant_requests_in_flight", labels.clone());
+                let shed = tel.counter("weft_shed_total", labels);
+                Arc::new(Limiter::new(v.max_concurrency, v.max_pending, gauge, shed))
             }),
             limits,
         });

@@ -212,6 +212,8 @@ clusters: [{{name: a, endpoints: ["{}"]}}, {{name: b, endpoints: ["{}"]}}]
     assert_eq!((ok, shed), (4, 6), "2 in flight + 2 pending served, the rest shed");
     let during = watcher.await.unwrap();
     assert_eq!(metric_sum(&during, "weft_variant_requests_in_flight", &[("variant", "a")]), 2.0, "{during}");
+    let after = admin_get(admin, "/metrics").await.1;
+    assert_eq!(metric_sum(&after, "weft_shed_total", &[("experiment", "e"), ("variant", "a")]), 6.0, "{after}");
     // Sibling variant unaffected: force b.
     let (s, _, _) = get(&client(), addr, "s", "/", &[("x-weft-variant", "b")]).await;
     assert_eq!(s, 200);
