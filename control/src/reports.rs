@@ -67,6 +67,19 @@ pub struct SidecarView {
 struct Inner {
     detector: Detector,
     sidecars: BTreeMap<String, Sidecar>,
+    /// Per (experiment, variant), summed over every sidecar that reported to this node.
+    experiments: BTreeMap<(String, String), ExperimentLoad>,
+}
+
+/// One experiment variant's cumulative load at one control node (what the rollout engine
+/// differences per node and merges).
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq)]
+pub struct ExperimentLoad {
+    pub experiment: String,
+    pub variant: String,
+    pub requests: u64,
+    pub errors: u64,
+    pub latency: weft_proxy::sketch::LogSketch,
 }
 
 /// Shared by the gRPC service, the detector loop and the API.
@@ -91,7 +104,7 @@ impl Tracker {
             peers,
             started: Instant::now(),
             threshold: settings.threshold,
-            inner: Mutex::new(Inner { detector: Detector::new(settings), sidecars: BTreeMap::new() }),
+            inner: Mutex::new(Inner { detector: Detector::new(settings), sidecars: BTreeMap::new(), experiments: BTreeMap::new() }),
         }
     }
 
@@ -127,11 +140,32 @@ impl Tracker {
             .collect()
     }
 
+    /// Cumulative per-experiment-variant load of the sidecars that reported to this node.
+    pub fn experiment_loads(&self) -> Vec<ExperimentLoad> {
+        self.inner.lock().unwrap().experiments.values().cloned().collect()
+    }
+
     /// Records one report; returns a registration to write, if it carries a new one.
     fn receive(&self, report: &v1::SidecarReport) -> Option<Registration> {
         let now = self.now_ms();
         let mut inner = self.inner.lock().unwrap();
         inner.detector.heartbeat(&report.node_id, now);
+        for l in report.load.iter().filter(|l| !l.experiment.is_empty()) {
+            let key = (l.experiment.clone(), l.variant.clone());
+            let e = inner.experiments.entry(key).or_insert_with(|| ExperimentLoad {
+                experiment: l.experiment.clone(),
+                variant: l.variant.clone(),
+                ..ExperimentLoad::default()
+            });
+            e.requests += l.requests;
+            e.errors += l.errors;
+            if let Some(sk) = &l.latency {
+                match weft_proxy::sketch::LogSketch::from_proto(sk) {
+                    Ok(sk) => e.latency.merge(&sk),
+                    Err(err) => tracing::warn!(node = %report.node_id, error = %err.0, "latency sketch refused"),
+                }
+            }
+        }
         let s = inner.sidecars.entry(report.node_id.clone()).or_default();
         // Each report carries the gauges of every busy variant: the others are idle now.
         for t in s.load.values_mut() {

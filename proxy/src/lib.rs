@@ -30,6 +30,7 @@ pub mod retry;
 pub mod route;
 pub mod server;
 pub mod shadow;
+pub mod sketch;
 pub mod snapshot;
 pub mod telemetry;
 pub mod window;
@@ -77,6 +78,7 @@ impl Shared {
         Labels {
             service: e.clone(),
             route: e.clone(),
+            experiment: e.clone(),
             variant: e.clone(),
             cluster: e.clone(),
             endpoint: e.clone(),

@@ -99,7 +99,8 @@ async fn serve(
         }
     };
     labels.cluster = cluster.name.clone();
-    if let Some(v) = variant {
+    if let (Some(v), Some(e)) = (variant, experiment) {
+        labels.experiment = e.name.clone();
         labels.variant = v.name.clone();
         labels.model_version = v.model_version.clone();
     }

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config;
+use crate::sketch::LogSketch;
 
 const META: Metadata<'static> = Metadata::new("weft", metrics::Level::INFO, None);
 
@@ -29,6 +30,7 @@ const BUCKETS: &[f64] = &[
 pub struct Labels {
     pub service: Arc<str>,
     pub route: Arc<str>,
+    pub experiment: Arc<str>,
     pub variant: Arc<str>,
     pub cluster: Arc<str>,
     pub endpoint: Arc<str>,
@@ -44,6 +46,7 @@ impl Labels {
         vec![
             Label::new("service", self.service.to_string()),
             Label::new("route", self.route.to_string()),
+            Label::new("experiment", self.experiment.to_string()),
             Label::new("variant", self.variant.to_string()),
             Label::new("cluster", self.cluster.to_string()),
             Label::new("endpoint", self.endpoint.to_string()),
@@ -75,16 +78,23 @@ pub struct Series {
     /// write-only), summed per variant for the load reports sent to the control plane.
     count: AtomicU64,
     latency_us: AtomicU64,
+    /// Latencies of an experiment variant's requests (none for other series): the load
+    /// reports carry them so the control plane can judge the experiment.
+    sketch: Option<Mutex<LogSketch>>,
 }
 
 /// Cumulative per-variant totals since start (non-shadow requests); the reporter sends the
 /// differences between two readings.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VariantTotals {
     pub requests: u64,
     pub errors: u64,
     pub latency_us: u64,
+    pub latency: LogSketch,
 }
+
+/// A variant as the load reports name it: (experiment, variant).
+pub type VariantKey = (String, String);
 
 /// FxHash (rustc's hasher): a few cycles per word instead of SipHash's rounds. The series cache
 /// is keyed by our own label values, so hash flooding is not a concern.
@@ -251,6 +261,7 @@ impl Telemetry {
             retries: self.counter("weft_retries_total", ml),
             count: AtomicU64::new(0),
             latency_us: AtomicU64::new(0),
+            sketch: (!labels.shadow && !labels.variant.is_empty()).then(|| Mutex::new(LogSketch::new())),
         });
         bucket.push((labels.clone(), s.clone()));
         s
@@ -284,6 +295,9 @@ impl Telemetry {
         s.duration.record(duration.as_secs_f64());
         s.count.fetch_add(1, Ordering::Relaxed);
         s.latency_us.fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
+        if let Some(sk) = &s.sketch {
+            sk.lock().unwrap().add(duration.as_secs_f64() * 1000.0);
+        }
         if retries > 0 {
             s.retries.increment(retries as u64);
         }
@@ -291,20 +305,23 @@ impl Telemetry {
 
     /// Per-variant totals over every series (5xx series count as errors; shadow copies and
     /// requests outside an experiment are left out).
-    pub fn variant_totals(&self) -> std::collections::BTreeMap<String, VariantTotals> {
-        let mut out: std::collections::BTreeMap<String, VariantTotals> = std::collections::BTreeMap::new();
+    pub fn variant_totals(&self) -> std::collections::BTreeMap<VariantKey, VariantTotals> {
+        let mut out: std::collections::BTreeMap<VariantKey, VariantTotals> = std::collections::BTreeMap::new();
         let map = self.series.lock().unwrap();
         for (labels, s) in map.values().flatten() {
             if labels.shadow || labels.variant.is_empty() {
                 continue;
             }
-            let t = out.entry(labels.variant.to_string()).or_default();
+            let t = out.entry((labels.experiment.to_string(), labels.variant.to_string())).or_default();
             let n = s.count.load(Ordering::Relaxed);
             t.requests += n;
             if labels.status_class == "5xx" {
                 t.errors += n;
             }
             t.latency_us += s.latency_us.load(Ordering::Relaxed);
+            if let Some(sk) = &s.sketch {
+                t.latency.merge(&sk.lock().unwrap());
+            }
         }
         out
     }

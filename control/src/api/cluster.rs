@@ -229,7 +229,61 @@ pub(crate) async fn every_nodes_proxies(st: &AppState, auth: Option<&http::Heade
 
 /// GET `/v1/proxies?scope=local` from a peer.
 async fn peer_proxies(st: &AppState, addr: &str, auth: Option<&http::HeaderValue>) -> Result<Vec<Value>, String> {
-    let mut b = http::Request::get("/v1/proxies?scope=local");
+    let v = peer_get(st, addr, "/v1/proxies?scope=local", auth).await?;
+    Ok(v["items"].as_array().cloned().unwrap_or_default())
+}
+
+/// Every node's cumulative per-experiment-variant load, by node id (this node's included),
+/// and the peers that did not answer.
+pub(crate) async fn every_nodes_loads(
+    st: &AppState,
+    auth: Option<&http::HeaderValue>,
+) -> (Vec<(u64, Vec<crate::reports::ExperimentLoad>)>, Vec<Value>) {
+    let mut out = vec![(st.node.id(), st.reports.experiment_loads())];
+    let mut unreachable = Vec::new();
+    for m in st.node.members().members.into_iter().filter(|m| m.id != st.node.id()) {
+        let got = peer_get(st, &m.addr, "/v1/load?scope=local", auth).await.and_then(|v| {
+            serde_json::from_value::<Vec<crate::reports::ExperimentLoad>>(v["items"].clone()).map_err(|e| e.to_string())
+        });
+        match got {
+            Ok(items) => out.push((m.id, items)),
+            Err(e) => unreachable.push(json!({"id": m.id, "addr": m.addr, "error": e})),
+        }
+    }
+    (out, unreachable)
+}
+
+/// `GET /v1/load`: per experiment variant, cumulative requests, errors and latency sketch
+/// reported to this node (`?scope=local`) or to every node, merged (default).
+pub async fn load(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<ProxiesQuery>,
+    headers: http::HeaderMap,
+) -> ApiResult<Json<Value>> {
+    match q.scope.as_deref() {
+        Some("local") => Ok(Json(json!({"node": st.node.id(), "items": st.reports.experiment_loads()}))),
+        None | Some("cluster") => {
+            let (by_node, unreachable) = every_nodes_loads(&st, headers.get(http::header::AUTHORIZATION)).await;
+            let mut merged: std::collections::BTreeMap<(String, String), crate::reports::ExperimentLoad> = Default::default();
+            for l in by_node.into_iter().flat_map(|(_, items)| items) {
+                let m = merged.entry((l.experiment.clone(), l.variant.clone())).or_insert_with(|| crate::reports::ExperimentLoad {
+                    experiment: l.experiment.clone(),
+                    variant: l.variant.clone(),
+                    ..Default::default()
+                });
+                m.requests += l.requests;
+                m.errors += l.errors;
+                m.latency.merge(&l.latency);
+            }
+            Ok(Json(json!({"items": merged.into_values().collect::<Vec<_>>(), "unreachable": unreachable})))
+        }
+        Some(other) => Err(ApiError::field(StatusCode::BAD_REQUEST, "scope", format!("{other:?} is not local or cluster"))),
+    }
+}
+
+/// GET `path` from a peer's API, as JSON.
+async fn peer_get(st: &AppState, addr: &str, path: &str, auth: Option<&http::HeaderValue>) -> Result<Value, String> {
+    let mut b = http::Request::get(path);
     if let Some(a) = auth {
         b = b.header(http::header::AUTHORIZATION, a.clone());
     }
@@ -239,8 +293,7 @@ async fn peer_proxies(st: &AppState, addr: &str, auth: Option<&http::HeaderValue
         return Err(format!("HTTP {}", resp.status()));
     }
     let bytes = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-    Ok(v["items"].as_array().cloned().unwrap_or_default())
+    serde_json::from_slice(&bytes).map_err(|e| e.to_string())
 }
 
 /// Every sidecar connected to any node. A sidecar seen by several nodes (it failed over) is

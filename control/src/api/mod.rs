@@ -22,7 +22,7 @@ mod openapi;
 mod schedule;
 
 pub use schedule::PlanRequest;
-pub(crate) use cluster::every_nodes_proxies;
+pub(crate) use cluster::{every_nodes_loads, every_nodes_proxies};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -163,7 +163,7 @@ fn needs_leader(req: &Request) -> bool {
     if path.starts_with("/internal/") {
         return true;
     }
-    if !path.starts_with("/v1/") || path == "/v1/status" || path.starts_with("/v1/proxies") {
+    if !path.starts_with("/v1/") || path == "/v1/status" || path.starts_with("/v1/proxies") || path == "/v1/load" {
         return false;
     }
     if req.method() == Method::GET {
@@ -239,6 +239,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/members", get(cluster::members).post(cluster::add_member))
         .route("/v1/members/{id}", axum::routing::delete(cluster::remove_member))
         .route("/v1/proxies", get(cluster::proxies))
+        .route("/v1/load", get(cluster::load))
         .route("/internal/write", post(cluster::internal_write))
         .route("/v1/experiments/{name}/weights", post(crud::set_weights))
         .route("/v1/schedule/plan", post(schedule::plan))

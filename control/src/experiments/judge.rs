@@ -9,13 +9,13 @@
 //! engine looks. A step is passed after enough candidate requests at that weight with no
 //! guardrail failing; the sample-ratio check runs on the current step (its weights).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::sequential::{Counts, Monitor, Msprt, Reading};
 use super::stats::{Srm, srm_weighted};
 
 /// One arm's counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArmCounts {
     pub n: u64,
     pub errors: u64,
@@ -62,7 +62,7 @@ impl Default for Rollout {
 }
 
 /// What to do now.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Verdict {
     /// Keep collecting at this step.
@@ -72,13 +72,13 @@ pub enum Verdict {
     /// The last step passed: the candidate takes all traffic.
     Promote,
     /// A guardrail failed with confidence: the candidate goes back to 0%.
-    Rollback { guardrail: &'static str },
+    Rollback { guardrail: String },
     /// The traffic split does not match the weights (SRM): no decision is trusted.
     Hold,
 }
 
 /// The verdict and everything it rests on (stored with each step as its evidence).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Judgement {
     pub verdict: Verdict,
     pub step: usize,
@@ -95,7 +95,7 @@ pub struct Judgement {
 }
 
 /// The running state of one rollout's tests (kept by the engine between readings).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tests {
     pub errors: Monitor,
     pub slow: Monitor,
@@ -129,9 +129,9 @@ pub fn judge(
     let verdict = if !srm.ok {
         Verdict::Hold
     } else if tests.errors.p <= r.errors_test.alpha && tests.errors.lo > r.max_error_increase {
-        Verdict::Rollback { guardrail: "error_rate" }
+        Verdict::Rollback { guardrail: "error_rate".into() }
     } else if tests.slow.p <= r.slow_test.alpha && tests.slow.lo > r.max_slow_increase {
-        Verdict::Rollback { guardrail: "latency" }
+        Verdict::Rollback { guardrail: "latency".into() }
     } else if step_cand.n < r.min_per_step {
         Verdict::Continue
     } else if step + 1 < r.steps.len() {
@@ -180,7 +180,7 @@ mod tests {
         let r = Rollout::default();
         let mut t = Tests::new(&r);
         let j = judge(&r, &mut t, 2, arm(30_000, 0.01, 0.05), arm(10_000, 0.03, 0.05), arm(3_000, 0.01, 0.05), arm(1_000, 0.03, 0.05));
-        assert_eq!(j.verdict, Verdict::Rollback { guardrail: "error_rate" });
+        assert_eq!(j.verdict, Verdict::Rollback { guardrail: "error_rate".into() });
         assert!(j.confidence > 0.95 && j.errors.lo > 0.0, "{j:?}");
     }
 
@@ -189,7 +189,7 @@ mod tests {
         let r = Rollout::default();
         let mut t = Tests::new(&r);
         let j = judge(&r, &mut t, 2, arm(30_000, 0.01, 0.05), arm(10_000, 0.01, 0.10), arm(3_000, 0.01, 0.05), arm(1_000, 0.01, 0.10));
-        assert_eq!(j.verdict, Verdict::Rollback { guardrail: "latency" });
+        assert_eq!(j.verdict, Verdict::Rollback { guardrail: "latency".into() });
     }
 
     #[test]
@@ -207,6 +207,6 @@ mod tests {
         let r = Rollout { max_error_increase: 0.02, ..Rollout::default() };
         let mut t = Tests::new(&r);
         let j = judge(&r, &mut t, 2, arm(30_000, 0.01, 0.05), arm(10_000, 0.015, 0.05), arm(3_000, 0.01, 0.05), arm(2_500, 0.015, 0.05));
-        assert_ne!(j.verdict, Verdict::Rollback { guardrail: "error_rate" });
+        assert_ne!(j.verdict, Verdict::Rollback { guardrail: "error_rate".into() });
     }
 }

@@ -13,5 +13,6 @@
 //! simulation.
 
 pub mod judge;
+pub mod rollout;
 pub mod sequential;
 pub mod stats;

@@ -18,10 +18,10 @@
 //! sequence is `θ̂ ± sqrt(2 V (V + τ²) / τ² · ln(sqrt((V + τ²) / V) / α))`. τ is the effect
 //! size the test is most sensitive to (a point of error rate: τ = 0.01).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Counts of one arm: trials and events (errors, or requests over the latency threshold).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
     pub n: u64,
     pub events: u64,
@@ -34,7 +34,7 @@ impl Counts {
 }
 
 /// The test's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Msprt {
     /// Type I error bound over the whole (unbounded) monitoring.
     pub alpha: f64,
@@ -51,7 +51,7 @@ impl Msprt {
 }
 
 /// The test's reading at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Reading {
     /// p̂_B − p̂_A.
     pub diff: f64,
@@ -81,7 +81,8 @@ impl Msprt {
         let v = arm_var(a) + arm_var(b);
         let t2 = self.tau * self.tau;
         let log_lambda = 0.5 * (v / (v + t2)).ln() + diff * diff * t2 / (2.0 * v * (v + t2));
-        let lambda = log_lambda.exp();
+        // Capped so the state stays finite (JSON has no infinity); e^700 is evidence enough.
+        let lambda = log_lambda.min(700.0).exp();
         let half = (2.0 * v * (v + t2) / t2 * (((v + t2) / v).sqrt() / self.alpha).ln()).sqrt();
         Reading {
             diff,
@@ -96,7 +97,7 @@ impl Msprt {
 
 /// Continuous monitoring: keeps the running minimum p-value and the intersection of the
 /// confidence sequence (both stay valid at every step).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Monitor {
     pub test: Msprt,
     pub p: f64,
@@ -106,7 +107,8 @@ pub struct Monitor {
 
 impl Monitor {
     pub fn new(test: Msprt) -> Self {
-        Monitor { test, p: 1.0, lo: f64::NEG_INFINITY, hi: f64::INFINITY }
+        // A difference of proportions lies in [-1, 1] (finite bounds also keep the state JSON).
+        Monitor { test, p: 1.0, lo: -1.0, hi: 1.0 }
     }
 
     /// Feeds the cumulative counts now; returns the current reading.

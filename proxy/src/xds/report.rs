@@ -17,7 +17,7 @@ use weft_xds::resources::v1;
 use weft_xds::resources::v1::sidecar_reports_client::SidecarReportsClient;
 
 use crate::Shared;
-use crate::telemetry::VariantTotals;
+use crate::telemetry::{VariantKey, VariantTotals};
 
 /// A variant's gauges now: requests in flight and requests queued for a slot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -26,42 +26,45 @@ pub struct Gauges {
     pub queued: u32,
 }
 
-/// The load since `before`, one entry per variant that saw requests or has some in flight or
-/// queued now (a variant busy with long streams is not idle).
+/// The load since `before`, one entry per (experiment, variant) that saw requests or has some
+/// in flight or queued now (a variant busy with long streams is not idle).
 pub fn load_delta(
-    before: &BTreeMap<String, VariantTotals>,
-    now: &BTreeMap<String, VariantTotals>,
-    gauges: &BTreeMap<String, Gauges>,
+    before: &BTreeMap<VariantKey, VariantTotals>,
+    now: &BTreeMap<VariantKey, VariantTotals>,
+    gauges: &BTreeMap<VariantKey, Gauges>,
 ) -> Vec<v1::VariantLoad> {
-    let names: std::collections::BTreeSet<&String> = now.keys().chain(gauges.keys()).collect();
-    names
-        .into_iter()
-        .filter_map(|variant| {
-            let t = now.get(variant).copied().unwrap_or_default();
-            let b = before.get(variant).copied().unwrap_or_default();
-            let g = gauges.get(variant).copied().unwrap_or_default();
+    let keys: std::collections::BTreeSet<&VariantKey> = now.keys().chain(gauges.keys()).collect();
+    let zero = VariantTotals::default();
+    keys.into_iter()
+        .filter_map(|key| {
+            let t = now.get(key).unwrap_or(&zero);
+            let b = before.get(key).unwrap_or(&zero);
+            let g = gauges.get(key).copied().unwrap_or_default();
             let requests = t.requests.saturating_sub(b.requests);
             (requests > 0 || g != Gauges::default()).then(|| v1::VariantLoad {
-                variant: variant.clone(),
+                experiment: key.0.clone(),
+                variant: key.1.clone(),
                 requests,
                 errors: t.errors.saturating_sub(b.errors),
                 latency_ms_sum: t.latency_us.saturating_sub(b.latency_us) as f64 / 1000.0,
                 in_flight: g.in_flight,
                 queued: g.queued,
+                latency: (requests > 0).then(|| t.latency.since(&b.latency).to_proto()),
             })
         })
         .collect()
 }
 
-/// Per-variant gauges of the experiments in the running config (summed when two experiments
-/// name the same variant, as the totals are).
-fn gauges(sh: &Shared) -> BTreeMap<String, Gauges> {
+/// Per-variant gauges of the experiments in the running config.
+fn gauges(sh: &Shared) -> BTreeMap<VariantKey, Gauges> {
     let snap = sh.snapshot.load();
-    let mut out: BTreeMap<String, Gauges> = BTreeMap::new();
-    for v in snap.experiments.iter().flat_map(|e| &e.variants) {
-        let g = out.entry(v.name.to_string()).or_default();
-        g.in_flight += v.limiter.in_flight();
-        g.queued += v.limiter.pending();
+    let mut out: BTreeMap<VariantKey, Gauges> = BTreeMap::new();
+    for e in snap.experiments.iter() {
+        for v in &e.variants {
+            let g = out.entry((e.name.to_string(), v.name.to_string())).or_default();
+            g.in_flight += v.limiter.in_flight();
+            g.queued += v.limiter.pending();
+        }
     }
     out
 }
@@ -113,19 +116,28 @@ mod tests {
 
     #[test]
     fn load_is_the_difference_between_readings() {
-        let t = |requests, errors, latency_us| VariantTotals { requests, errors, latency_us };
-        let before = BTreeMap::from([("a".to_string(), t(10, 1, 5_000)), ("b".to_string(), t(4, 0, 1_000))]);
+        let t = |requests, errors, latency_us, ms: &[f64]| {
+            let mut latency = crate::sketch::LogSketch::new();
+            for v in ms {
+                latency.add(*v);
+            }
+            VariantTotals { requests, errors, latency_us, latency }
+        };
+        let k = |v: &str| ("e".to_string(), v.to_string());
+        let before = BTreeMap::from([(k("a"), t(10, 1, 5_000, &[1.0])), (k("b"), t(4, 0, 1_000, &[2.0]))]);
         let now = BTreeMap::from([
-            ("a".to_string(), t(15, 3, 9_000)),
-            ("b".to_string(), t(4, 0, 1_000)),
-            ("c".to_string(), t(2, 0, 500)),
+            (k("a"), t(15, 3, 9_000, &[1.0, 40.0, 40.0])),
+            (k("b"), t(4, 0, 1_000, &[2.0])),
+            (k("c"), t(2, 0, 500, &[3.0])),
         ]);
         let d = load_delta(&before, &now, &BTreeMap::new());
-        let got: Vec<_> = d.iter().map(|l| (l.variant.as_str(), l.requests, l.errors, l.latency_ms_sum)).collect();
-        assert_eq!(got, vec![("a", 5, 2, 4.0), ("c", 2, 0, 0.5)], "idle variants are left out");
-        let streaming = BTreeMap::from([("b".to_string(), Gauges { in_flight: 3, queued: 1 })]);
+        let got: Vec<_> = d.iter().map(|l| (l.experiment.as_str(), l.variant.as_str(), l.requests, l.errors, l.latency_ms_sum)).collect();
+        assert_eq!(got, vec![("e", "a", 5, 2, 4.0), ("e", "c", 2, 0, 0.5)], "idle variants are left out");
+        let sketch = crate::sketch::LogSketch::from_proto(d[0].latency.as_ref().unwrap()).unwrap();
+        assert_eq!(sketch.count(), 2, "the interval's latencies only");
+        let streaming = BTreeMap::from([(k("b"), Gauges { in_flight: 3, queued: 1 })]);
         let d = load_delta(&before, &now, &streaming);
-        let got: Vec<_> = d.iter().map(|l| (l.variant.as_str(), l.requests, l.in_flight, l.queued)).collect();
-        assert_eq!(got, vec![("a", 5, 0, 0), ("b", 0, 3, 1), ("c", 2, 0, 0)], "a variant with streams open is reported");
+        let got: Vec<_> = d.iter().map(|l| (l.variant.as_str(), l.requests, l.in_flight, l.queued, l.latency.is_some())).collect();
+        assert_eq!(got, vec![("a", 5, 0, 0, true), ("b", 0, 3, 1, false), ("c", 2, 0, 0, true)], "a variant with streams open is reported");
     }
 }
