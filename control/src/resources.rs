@@ -37,11 +37,15 @@ pub enum Kind {
     Autoscalers,
     /// The autoscaler's replica targets; written only by the leader's decision loop.
     ScalingDecisions,
+    /// A progressive rollout of an experiment's candidate variant (named after the experiment).
+    Rollouts,
+    /// The rollout engine's state and evidence per rollout; written only by the engine.
+    RolloutStates,
 }
 
 impl Kind {
     /// In apply order: what others refer to comes first.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Clusters,
         Kind::Endpoints,
         Kind::Experiments,
@@ -50,6 +54,8 @@ impl Kind {
         Kind::Placements,
         Kind::Autoscalers,
         Kind::ScalingDecisions,
+        Kind::Rollouts,
+        Kind::RolloutStates,
     ];
 
     /// Whether specs of this kind are written through the resource API (placements are the
@@ -65,6 +71,9 @@ impl Kind {
             Kind::ScalingDecisions => {
                 Some("the autoscaler's decision loop (write an autoscaler instead); DELETE makes it decide afresh")
             }
+            Kind::RolloutStates => Some(
+                "the rollout engine (write a rollout; steer it with POST /v1/rollout/NAME/promote|rollback|pause|resume)",
+            ),
             _ => None,
         }
     }
@@ -80,6 +89,8 @@ impl Kind {
             Kind::Placements => "placements",
             Kind::Autoscalers => "autoscalers",
             Kind::ScalingDecisions => "scalingdecisions",
+            Kind::Rollouts => "rollouts",
+            Kind::RolloutStates => "rolloutstates",
         }
     }
 
@@ -94,6 +105,8 @@ impl Kind {
             Kind::Placements => "Placement",
             Kind::Autoscalers => "Autoscaler",
             Kind::ScalingDecisions => "ScalingDecision",
+            Kind::Rollouts => "Rollout",
+            Kind::RolloutStates => "RolloutState",
         }
     }
 
@@ -340,7 +353,12 @@ pub fn validate(kind: Kind, name: &str, spec: &Value) -> Result<Valid, FieldErro
             a.validate().map_err(|(field, message)| err(field, message))?;
             Ok(Valid { json: to_json(&a), refs: vec![] })
         }
-        Kind::Placements | Kind::ScalingDecisions => {
+        Kind::Rollouts => {
+            let r: crate::experiments::rollout::RolloutSpec = parse(&spec)?;
+            r.validate().map_err(|(field, message)| err(field, message))?;
+            Ok(Valid { json: to_json(&r), refs: vec![(Kind::Experiments, name.into(), "name".into())] })
+        }
+        Kind::Placements | Kind::ScalingDecisions | Kind::RolloutStates => {
             Err(err("", format!("{kind} are written by {}", kind.written_by().unwrap_or("the control plane"))))
         }
     }

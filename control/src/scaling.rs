@@ -90,22 +90,12 @@ impl Autoscale {
 }
 
 /// Runs until `stop`: one tick per interval while this node leads.
-pub async fn run(st: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(st.autoscale.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.wait_for(|v| *v) => return,
-        }
-        if st.node.leader() != Some(st.node.id()) {
-            st.autoscale.follow();
-            continue;
-        }
-        if let Err(e) = tick_once(&st).await {
-            tracing::warn!(error = %e, "autoscaler tick failed; retrying next interval");
-        }
-    }
+pub async fn run(st: Arc<AppState>, stop: tokio::sync::watch::Receiver<bool>) {
+    let interval = st.autoscale.interval;
+    crate::leader_loop::every(st, interval, stop, "autoscaler", |st| st.autoscale.follow(), |st| async move {
+        tick_once(&st).await
+    })
+    .await
 }
 
 /// The stored autoscaler specs (one that no longer parses is skipped with a warning).

@@ -40,6 +40,8 @@ pub struct Options {
     pub xds_debounce: Duration,
     /// Between the autoscaler's decisions (on the leader).
     pub autoscale_interval: Duration,
+    /// Between the rollout engine's readings (on the leader).
+    pub rollout_interval: Duration,
 }
 
 impl Options {
@@ -57,6 +59,7 @@ impl Options {
             snapshot_every: 10_000,
             xds_debounce: Duration::from_millis(10),
             autoscale_interval: crate::scaling::DEFAULT_INTERVAL,
+            rollout_interval: crate::rollouts::DEFAULT_INTERVAL,
         }
     }
 }
@@ -135,11 +138,13 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         reports: reports.clone(),
         schedule: tokio::sync::Mutex::new(()),
         autoscale: crate::scaling::Autoscale::new(opts.autoscale_interval),
+        rollouts: crate::rollouts::Engine::new(opts.rollout_interval),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(reports.clone().run(stopped.clone())));
     tasks.push(tokio::spawn(crate::scaling::run(state.clone(), stopped.clone())));
+    tasks.push(tokio::spawn(crate::rollouts::run(state.clone(), stopped.clone())));
 
     let app = api::router(state.clone());
     let mut s = stopped.clone();

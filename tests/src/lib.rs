@@ -23,13 +23,15 @@ pub type Body = BoxBody<Bytes, Infallible>;
 /// - `/sse?n=N&gap_ms=G`: N server-sent events, G ms apart;
 /// - `/echo`: streams the request body back (and its length in `x-body-len` trailer-free);
 /// - `/headers`: the request headers as JSON;
-/// - anything else: `name` as the body, after `delay_ms`, with status `status` (0 = 200).
+/// - anything else: `name` as the body, after `delay_ms`, with status `status` (0 = 200),
+///   except every `fail_every`-th request (0 = none), which gets a 500.
 pub struct Upstream {
     pub addr: SocketAddr,
     pub name: String,
     pub status: AtomicU16,
     pub delay_ms: AtomicU64,
     pub hits: AtomicU64,
+    pub fail_every: AtomicU64,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -43,6 +45,7 @@ impl Upstream {
             status: AtomicU16::new(0),
             delay_ms: AtomicU64::new(0),
             hits: AtomicU64::new(0),
+            fail_every: AtomicU64::new(0),
             stop,
         });
         let u = up.clone();
@@ -79,7 +82,8 @@ impl Upstream {
     }
 
     async fn respond(&self, req: Request<Incoming>) -> Response<Body> {
-        self.hits.fetch_add(1, SeqCst);
+        let hit = self.hits.fetch_add(1, SeqCst) + 1;
+        let every = self.fail_every.load(SeqCst);
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
         let param = |k: &str| -> u64 {
@@ -90,6 +94,7 @@ impl Upstream {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         let status = match self.status.load(SeqCst) {
+            _ if every > 0 && hit % every == 0 => StatusCode::INTERNAL_SERVER_ERROR,
             0 => StatusCode::OK,
             s => StatusCode::from_u16(s).unwrap(),
         };

@@ -84,15 +84,23 @@ pub struct ControlProc {
     pub api: SocketAddr,
     pub xds: SocketAddr,
     pub dir: PathBuf,
+    /// Extra command-line arguments.
+    pub extra: Vec<String>,
     child: Option<Child>,
 }
 
 impl ControlProc {
     /// Starts node `id` in `dir`; `init` bootstraps a cluster, `join` asks that member.
     pub fn start(id: u64, root: &Path, init: bool, join: Option<SocketAddr>) -> ControlProc {
+        Self::start_with(id, root, init, join, &[])
+    }
+
+    /// [`ControlProc::start`] with extra arguments (e.g. `--rollout-interval-s 0.5`).
+    pub fn start_with(id: u64, root: &Path, init: bool, join: Option<SocketAddr>, extra: &[&str]) -> ControlProc {
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let xds = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let mut p = ControlProc { id, api, xds, dir: root.join(format!("node{id}")), child: None };
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        let mut p = ControlProc { id, api, xds, dir: root.join(format!("node{id}")), extra, child: None };
         p.spawn(init, join);
         p
     }
@@ -103,6 +111,7 @@ impl ControlProc {
             .args(["--xds-listen", &self.xds.to_string(), "--data-dir"])
             .arg(&self.dir)
             .args(["--log", "warn", "--snapshot-every", "50"])
+            .args(&self.extra)
             .stdin(Stdio::null());
         if init {
             cmd.arg("--init");
@@ -188,9 +197,14 @@ pub struct SidecarProc {
 impl SidecarProc {
     /// An outbound sidecar (listener `out`) for an app.
     pub fn start(node: &str, dir: &Path, control: &[&ControlProc]) -> SidecarProc {
+        Self::start_with(node, dir, control, &[])
+    }
+
+    /// [`SidecarProc::start`] with extra arguments (e.g. `--report-interval 200ms`).
+    pub fn start_with(node: &str, dir: &Path, control: &[&ControlProc], extra: &[&str]) -> SidecarProc {
         Self::launch(node, dir, control, |admin, listen| {
             format!("node: {{id: {node}}}\nadmin: {{address: \"{admin}\"}}\nlisteners: [{{name: out, address: \"{listen}\"}}]\n")
-        }, vec![])
+        }, extra.iter().map(|s| s.to_string()).collect())
     }
 
     /// An inbound sidecar (listener `in`) in front of `model`, registering itself as an

@@ -287,16 +287,30 @@ pub async fn set_weights(
 ) -> ApiResult<Json<Value>> {
     let b: WeightsBody = serde_json::from_value(body_json(&body)?)
         .map_err(|e| ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, "weights", e))?;
-    let Some(current) = read_one(&st, Kind::Experiments, &name, false).await? else {
+    let expect = precondition(&q, &headers)?;
+    set_experiment_weights(&st, &name, &b.weights, expect, q.dry_run).await
+}
+
+/// Sets the weights of the named variants of experiment `name` in one conditional write
+/// (`expect`: the revision it must be at; default the one read). Also the rollout engine's
+/// way of moving a candidate.
+pub(crate) async fn set_experiment_weights(
+    st: &AppState,
+    name: &str,
+    weights: &std::collections::BTreeMap<String, u32>,
+    expect: Option<u64>,
+    dry_run: bool,
+) -> ApiResult<Json<Value>> {
+    let Some(current) = read_one(st, Kind::Experiments, name, false).await? else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, format!("experiments/{name} does not exist")));
     };
-    let expect = precondition(&q, &headers)?.unwrap_or(current.revision);
+    let expect = expect.unwrap_or(current.revision);
     let mut spec = spec_of(&current);
     let variants = spec.get_mut("variants").and_then(Value::as_array_mut);
     let Some(variants) = variants else {
         return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "stored experiment has no variants"));
     };
-    for (variant, weight) in &b.weights {
+    for (variant, weight) in weights {
         let Some(v) = variants.iter_mut().find(|v| v.get("name").and_then(Value::as_str) == Some(variant)) else {
             let known: Vec<&str> = variants.iter().filter_map(|v| v.get("name").and_then(Value::as_str)).collect();
             return Err(ApiError::field(
@@ -307,5 +321,5 @@ pub async fn set_weights(
         };
         v["weight"] = json!(weight);
     }
-    write_spec(&st, Kind::Experiments, &name, &spec, Some(expect), q.dry_run).await
+    write_spec(st, Kind::Experiments, name, &spec, Some(expect), dry_run).await
 }

@@ -7,6 +7,7 @@
 //! - `cluster`: members, node status, proxy status, and the `/raft/*` RPCs.
 //! - `schedule`: plan and apply placements on the GPU inventory.
 //! - `autoscale`: the autoscaler's status and spot preemption notices.
+//! - `rollout`: an experiment's per-variant numbers and its rollout; operator commands.
 //! - `openapi`: the OpenAPI document.
 //!
 //! Requests pass two layers before a handler: `authorize` (role by method and path) and
@@ -19,10 +20,12 @@ mod cluster;
 mod crud;
 pub mod forward;
 mod openapi;
+mod rollout;
 mod schedule;
 
 pub use schedule::PlanRequest;
 pub(crate) use cluster::{every_nodes_loads, every_nodes_proxies};
+pub(crate) use crud::set_experiment_weights;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +60,8 @@ pub struct AppState {
     pub schedule: tokio::sync::Mutex<()>,
     /// The autoscaler's decision state (used while this node leads).
     pub autoscale: crate::scaling::Autoscale,
+    /// The rollout engine's memory (used while this node leads).
+    pub rollouts: crate::rollouts::Engine,
 }
 
 impl AppState {
@@ -246,6 +251,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/schedule/apply", post(schedule::apply))
         .route("/v1/autoscale/status", get(autoscale::status))
         .route("/v1/autoscale/preemption", post(autoscale::preemption))
+        .route("/v1/rollout/{name}", get(rollout::status))
+        .route("/v1/rollout/{name}/{action}", post(rollout::command))
         .route("/v1/{kind}", get(crud::list))
         .route("/v1/{kind}/{name}", get(crud::get).put(crud::put).delete(crud::delete))
         .route("/v1/{kind}/{name}/history", get(crud::history))

@@ -23,7 +23,7 @@ fn responses(schema: Value) -> Value {
 
 pub async fn document() -> Json<Value> {
     let kind = json!({"name": "kind", "in": "path", "required": true,
-        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints", "nodes", "placements", "autoscalers", "scalingdecisions"]}});
+        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints", "nodes", "placements", "autoscalers", "scalingdecisions", "rollouts", "rolloutstates"]}});
     let name = json!({"name": "name", "in": "path", "required": true,
         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,253}$"}});
     let consistency = json!({"name": "consistency", "in": "query", "required": false,
@@ -115,6 +115,14 @@ pub async fn document() -> Json<Value> {
                     "node": {"type": "string"}, "autoscaler": {"type": "string"},
                     "replicas": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}, "notice_s": {"type": "number", "minimum": 0}}})),
                 "responses": responses(json!({"type": "object", "properties": {"revision": {"type": "integer"}, "replaced": {"type": "array"}}}))}},
+            "/v1/load": {"get": {"summary": "Per experiment variant: cumulative requests, errors and latency sketch reported by the sidecars (this node's, or merged over every node)",
+                "parameters": [{"name": "scope", "in": "query", "required": false, "schema": {"type": "string", "enum": ["cluster", "local"]}}],
+                "responses": responses(json!({"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object"}}}}))}},
+            "/v1/rollout/{name}": {"get": {"summary": "An experiment's per-variant numbers (error rate and p50/p95/p99 with intervals), SRM, and its rollout's state, verdict and evidence",
+                "parameters": [name.clone()], "responses": responses(json!({"type": "object"}))}},
+            "/v1/rollout/{name}/{action}": {"post": {"summary": "Operator command on an experiment's rollout",
+                "parameters": [name.clone(), {"name": "action", "in": "path", "required": true, "schema": {"type": "string", "enum": ["promote", "rollback", "pause", "resume"]}}],
+                "responses": responses(json!({"type": "object"}))}},
             "/v1/status": {"get": {"summary": "This node's Raft role, term and applied index", "responses": responses(json!({"type": "object"}))}},
             "/v1/proxies": {"get": {"summary": "Connected sidecars: control node, ACKed versions, last NACK", "parameters": [
                 {"name": "scope", "in": "query", "required": false, "schema": {"type": "string", "enum": ["cluster", "local"]}}],

@@ -49,6 +49,10 @@ struct Args {
     /// resource; see `weftctl autoscale status`).
     #[arg(long, default_value_t = 10.0, value_parser = positive_seconds)]
     autoscale_interval_s: f64,
+    /// Seconds between the rollout engine's readings (the leader judges every `rollouts`
+    /// resource; see `weftctl experiment status`).
+    #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
+    rollout_interval_s: f64,
     /// Log filter (RUST_LOG syntax).
     /// (openraft's per-retry replication errors are off by default: a down peer is logged once
     /// when it goes and once when it returns.)
@@ -86,6 +90,7 @@ fn main() -> anyhow::Result<()> {
     opts.snapshot_every = args.snapshot_every;
     opts.xds_debounce = Duration::from_millis(args.xds_debounce_ms);
     opts.autoscale_interval = Duration::from_secs_f64(args.autoscale_interval_s);
+    opts.rollout_interval = Duration::from_secs_f64(args.rollout_interval_s);
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
         let running = server::start(opts).await?;
         wait_for_signal().await;

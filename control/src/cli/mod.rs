@@ -15,6 +15,7 @@ pub mod client;
 pub mod diff;
 pub mod output;
 pub mod autoscale;
+pub mod experiment;
 pub mod schedule;
 
 use std::io::{Read, Write};
@@ -100,6 +101,17 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum ExperimentCommand {
+    /// Per variant: requests, error rate, p50/p95/p99 with 95% intervals; the SRM check; the
+    /// rollout's phase, verdict, confidence and why.
+    Status { name: String },
+    /// Give the candidate all traffic now (ends the rollout).
+    Promote { name: String },
+    /// Send the candidate back to 0% now (ends the rollout).
+    Rollback { name: String },
+    /// Hold the rollout at its current weight (judging stops).
+    Pause { name: String },
+    /// Continue a paused rollout.
+    Resume { name: String },
     /// Set variant weights in one write: `set-weights NAME a=90 b=10`.
     SetWeights {
         name: String,
@@ -295,6 +307,14 @@ fn warnings(object: &str, body: &Value) {
     }
 }
 
+/// `experiment promote|rollback|pause|resume NAME`.
+async fn rollout_command(c: &mut Client, format: Format, action: &str, name: &str) -> Result<(), CliError> {
+    let name = parse_name(name)?;
+    let body = call(c, Method::POST, &format!("/v1/rollout/{name}/{action}"), None).await?;
+    show(format, &body, experiment::command_line);
+    Ok(())
+}
+
 /// Runs one parsed command line.
 pub async fn run(args: Args) -> Result<(), CliError> {
     let format = args.output;
@@ -357,6 +377,16 @@ pub async fn run(args: Args) -> Result<(), CliError> {
             });
             Ok(())
         }
+        Command::Experiment { command: ExperimentCommand::Status { name } } => {
+            let name = parse_name(&name)?;
+            let body = call(&mut c, Method::GET, &format!("/v1/rollout/{name}"), None).await?;
+            show(format, &body, experiment::status_table);
+            Ok(())
+        }
+        Command::Experiment { command: ExperimentCommand::Promote { name } } => rollout_command(&mut c, format, "promote", &name).await,
+        Command::Experiment { command: ExperimentCommand::Rollback { name } } => rollout_command(&mut c, format, "rollback", &name).await,
+        Command::Experiment { command: ExperimentCommand::Pause { name } } => rollout_command(&mut c, format, "pause", &name).await,
+        Command::Experiment { command: ExperimentCommand::Resume { name } } => rollout_command(&mut c, format, "resume", &name).await,
         Command::Experiment { command: ExperimentCommand::SetWeights { name, weights } } => {
             let (name, weights) = (parse_name(&name)?, parse_weights(&weights)?);
             let summary: Vec<String> = weights.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -478,7 +508,7 @@ mod tests {
         let e = parse_kind("pods").unwrap_err();
         assert_eq!(
             e,
-            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements, autoscalers, scalingdecisions".into())
+            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements, autoscalers, scalingdecisions, rollouts, rolloutstates".into())
         );
         assert_eq!(e.exit_code(), 2);
     }

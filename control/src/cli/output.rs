@@ -139,6 +139,14 @@ pub fn summary(kind: Kind, spec: &Value) -> String {
             cell(&spec["spot"]),
             cell(&spec["reason"])
         ),
+        Kind::Rollouts => format!(
+            "{} → {} steps={} min_per_step={}",
+            cell(&spec["baseline"]),
+            cell(&spec["candidate"]),
+            spec["steps"].as_array().map(|a| a.iter().map(cell).collect::<Vec<_>>().join(",")).unwrap_or_default(),
+            cell(&spec["min_per_step"])
+        ),
+        Kind::RolloutStates => format!("{} at {}%: {}", cell(&spec["phase"]), cell(&spec["weight"]), cell(&spec["reason"])),
         Kind::Placements => {
             let nodes: Vec<String> = spec["allocations"]
                 .as_array()
