@@ -210,5 +210,12 @@ p95=$(promq 'histogram_quantile(0.95, sum by (le, variant) (rate(weft_request_du
   grep -o '"variant":"[^"]*"},"value":\[[^]]*\]' | sed -e 's/"variant":"//' -e 's/"},"value":\[[0-9.]*,"/=/' -e 's/"\]//' | tr '\n' ' ')
 log "prometheus: p95 latency (s) by variant at the client sidecar, last minute: $p95"
 
+# The recording rules of deploy/config/weft-rules.yml (what the Grafana dashboard reads).
+recorded() { promq 'weft:variant_requests:rate1m{experiment="ranker-ab"}' | grep -q '"variant":"a"'; }
+wait_for "Prometheus evaluates the weft recording rules (weft:variant_requests:rate1m)" recorded
+rates=$(promq 'weft:variant_requests:rate1m{experiment="ranker-ab"}' |
+  grep -o '"variant":"[^"]*"},"value":\[[^]]*\]' | sed -e 's/"variant":"//' -e 's/"},"value":\[[0-9.]*,"/=/' -e 's/"\]//' | tr '\n' ' ')
+log "prometheus: recording rule weft:variant_requests:rate1m (req/s by variant): $rates"
+
 ok=1
 log "PASS"
