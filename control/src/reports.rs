@@ -69,7 +69,14 @@ struct Inner {
     sidecars: BTreeMap<String, Sidecar>,
     /// Per (experiment, variant), summed over every sidecar that reported to this node.
     experiments: BTreeMap<(String, String), ExperimentLoad>,
+    /// The same in [`WINDOW_BUCKET_S`] buckets over the last [`WINDOW_S`], for `weftctl stat`.
+    windows: BTreeMap<(String, String), std::collections::VecDeque<(u64, ExperimentLoad)>>,
 }
+
+/// Width of one bucket of the recent-load window, seconds.
+pub const WINDOW_BUCKET_S: u64 = 10;
+/// The longest window kept, seconds.
+pub const WINDOW_S: u64 = 300;
 
 /// One experiment variant's cumulative load at one control node (what the rollout engine
 /// differences per node and merges).
@@ -80,6 +87,15 @@ pub struct ExperimentLoad {
     pub requests: u64,
     pub errors: u64,
     pub latency: weft_proxy::sketch::LogSketch,
+}
+
+impl ExperimentLoad {
+    /// Adds `other`'s counts and latencies (exact).
+    pub fn add(&mut self, other: &ExperimentLoad) {
+        self.requests += other.requests;
+        self.errors += other.errors;
+        self.latency.merge(&other.latency);
+    }
 }
 
 /// Shared by the gRPC service, the detector loop and the API.
@@ -104,7 +120,12 @@ impl Tracker {
             peers,
             started: Instant::now(),
             threshold: settings.threshold,
-            inner: Mutex::new(Inner { detector: Detector::new(settings), sidecars: BTreeMap::new(), experiments: BTreeMap::new() }),
+            inner: Mutex::new(Inner {
+                detector: Detector::new(settings),
+                sidecars: BTreeMap::new(),
+                experiments: BTreeMap::new(),
+                windows: BTreeMap::new(),
+            }),
         }
     }
 
@@ -145,25 +166,66 @@ impl Tracker {
         self.inner.lock().unwrap().experiments.values().cloned().collect()
     }
 
+    /// Per-experiment-variant load of the last `window_s` seconds (whole buckets; at most
+    /// [`WINDOW_S`]), and how many seconds that covers (less while this node is young).
+    pub fn experiment_window(&self, window_s: u64) -> (Vec<ExperimentLoad>, f64) {
+        let now = self.now_ms();
+        let bucket = now / 1000 / WINDOW_BUCKET_S;
+        let buckets = window_s.clamp(WINDOW_BUCKET_S, WINDOW_S) / WINDOW_BUCKET_S;
+        let inner = self.inner.lock().unwrap();
+        let items = inner
+            .windows
+            .values()
+            .filter_map(|ring| {
+                let mut sum: Option<ExperimentLoad> = None;
+                for (_, l) in ring.iter().filter(|(b, _)| b + buckets > bucket) {
+                    match &mut sum {
+                        Some(s) => s.add(l),
+                        None => sum = Some(l.clone()),
+                    }
+                }
+                sum
+            })
+            .collect();
+        // The current bucket is partly elapsed.
+        let covered = ((buckets - 1) * WINDOW_BUCKET_S) as f64 + (now % (WINDOW_BUCKET_S * 1000)) as f64 / 1000.0;
+        (items, covered.min(now as f64 / 1000.0).max(1e-3))
+    }
+
     /// Records one report; returns a registration to write, if it carries a new one.
     fn receive(&self, report: &v1::SidecarReport) -> Option<Registration> {
         let now = self.now_ms();
         let mut inner = self.inner.lock().unwrap();
         inner.detector.heartbeat(&report.node_id, now);
+        let bucket = now / 1000 / WINDOW_BUCKET_S;
         for l in report.load.iter().filter(|l| !l.experiment.is_empty()) {
             let key = (l.experiment.clone(), l.variant.clone());
-            let e = inner.experiments.entry(key).or_insert_with(|| ExperimentLoad {
+            let mut delta = ExperimentLoad {
+                experiment: l.experiment.clone(),
+                variant: l.variant.clone(),
+                requests: l.requests,
+                errors: l.errors,
+                ..ExperimentLoad::default()
+            };
+            if let Some(sk) = &l.latency {
+                match weft_proxy::sketch::LogSketch::from_proto(sk) {
+                    Ok(sk) => delta.latency = sk,
+                    Err(err) => tracing::warn!(node = %report.node_id, error = %err.0, "latency sketch refused"),
+                }
+            }
+            let total = inner.experiments.entry(key.clone()).or_insert_with(|| ExperimentLoad {
                 experiment: l.experiment.clone(),
                 variant: l.variant.clone(),
                 ..ExperimentLoad::default()
             });
-            e.requests += l.requests;
-            e.errors += l.errors;
-            if let Some(sk) = &l.latency {
-                match weft_proxy::sketch::LogSketch::from_proto(sk) {
-                    Ok(sk) => e.latency.merge(&sk),
-                    Err(err) => tracing::warn!(node = %report.node_id, error = %err.0, "latency sketch refused"),
-                }
+            total.add(&delta);
+            let ring = inner.windows.entry(key).or_default();
+            match ring.back_mut() {
+                Some((b, sum)) if *b == bucket => sum.add(&delta),
+                _ => ring.push_back((bucket, delta)),
+            }
+            while ring.front().is_some_and(|(b, _)| b + WINDOW_S / WINDOW_BUCKET_S < bucket) {
+                ring.pop_front();
             }
         }
         let s = inner.sidecars.entry(report.node_id.clone()).or_default();

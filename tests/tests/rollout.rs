@@ -148,6 +148,9 @@ async fn a_worse_candidate_is_rolled_back_and_a_good_one_promoted_step_by_step()
     assert!(status.contains("VARIANT") && status.contains("P95"), "{status}");
     let history = weftctl(&node, &["history", "rolloutstates", "good"]);
     assert!(history.contains("promoted"), "{history}");
+    let stat = weftctl(&node, &["stat", "--window", "60"]);
+    let row = stat.lines().find(|l| l.starts_with("s-bad") && l.contains(" b ")).unwrap_or_else(|| panic!("{stat}"));
+    assert!(row.contains('%') && row.contains("ms"), "success rate and latency per variant: {stat}");
     // A finished rollout can still be reverted by hand.
     let out = weftctl(&node, &["experiment", "rollback", "good"]);
     assert!(out.contains("rolled_back at 0%"), "{out}");

@@ -253,29 +253,68 @@ pub(crate) async fn every_nodes_loads(
     (out, unreachable)
 }
 
-/// `GET /v1/load`: per experiment variant, cumulative requests, errors and latency sketch
-/// reported to this node (`?scope=local`) or to every node, merged (default).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct LoadQuery {
+    scope: Option<String>,
+    /// Seconds of recent load (10..=300, whole 10 s buckets) instead of the totals.
+    window: Option<u64>,
+}
+
+/// Merges per-node loads per (experiment, variant).
+pub(crate) fn merge_loads(items: impl IntoIterator<Item = crate::reports::ExperimentLoad>) -> Vec<crate::reports::ExperimentLoad> {
+    let mut merged: std::collections::BTreeMap<(String, String), crate::reports::ExperimentLoad> = Default::default();
+    for l in items {
+        match merged.get_mut(&(l.experiment.clone(), l.variant.clone())) {
+            Some(m) => m.add(&l),
+            None => {
+                merged.insert((l.experiment.clone(), l.variant.clone()), l);
+            }
+        }
+    }
+    merged.into_values().collect()
+}
+
+/// `GET /v1/load`: per experiment variant, requests, errors and latency sketch reported to
+/// this node (`?scope=local`) or to every node, merged (default): the totals since each node
+/// started, or with `?window=S` the last S seconds (and `window_s`, the seconds covered).
 pub async fn load(
     State(st): State<Arc<AppState>>,
-    Query(q): Query<ProxiesQuery>,
+    Query(q): Query<LoadQuery>,
     headers: http::HeaderMap,
 ) -> ApiResult<Json<Value>> {
+    let local = |st: &AppState| match q.window {
+        None => (st.reports.experiment_loads(), None),
+        Some(w) => {
+            let (items, covered) = st.reports.experiment_window(w);
+            (items, Some(covered))
+        }
+    };
     match q.scope.as_deref() {
-        Some("local") => Ok(Json(json!({"node": st.node.id(), "items": st.reports.experiment_loads()}))),
-        None | Some("cluster") => {
+        Some("local") => {
+            let (items, covered) = local(&st);
+            Ok(Json(json!({"node": st.node.id(), "items": items, "window_s": covered})))
+        }
+        None | Some("cluster") if q.window.is_none() => {
             let (by_node, unreachable) = every_nodes_loads(&st, headers.get(http::header::AUTHORIZATION)).await;
-            let mut merged: std::collections::BTreeMap<(String, String), crate::reports::ExperimentLoad> = Default::default();
-            for l in by_node.into_iter().flat_map(|(_, items)| items) {
-                let m = merged.entry((l.experiment.clone(), l.variant.clone())).or_insert_with(|| crate::reports::ExperimentLoad {
-                    experiment: l.experiment.clone(),
-                    variant: l.variant.clone(),
-                    ..Default::default()
+            let items = merge_loads(by_node.into_iter().flat_map(|(_, items)| items));
+            Ok(Json(json!({"items": items, "unreachable": unreachable})))
+        }
+        None | Some("cluster") => {
+            let (mut items, covered) = local(&st);
+            let path = format!("/v1/load?scope=local&window={}", q.window.unwrap_or(60));
+            let auth = headers.get(http::header::AUTHORIZATION);
+            let mut unreachable = Vec::new();
+            for m in st.node.members().members.into_iter().filter(|m| m.id != st.node.id()) {
+                let got = peer_get(&st, &m.addr, &path, auth).await.and_then(|v| {
+                    serde_json::from_value::<Vec<crate::reports::ExperimentLoad>>(v["items"].clone()).map_err(|e| e.to_string())
                 });
-                m.requests += l.requests;
-                m.errors += l.errors;
-                m.latency.merge(&l.latency);
+                match got {
+                    Ok(more) => items.extend(more),
+                    Err(e) => unreachable.push(json!({"id": m.id, "addr": m.addr, "error": e})),
+                }
             }
-            Ok(Json(json!({"items": merged.into_values().collect::<Vec<_>>(), "unreachable": unreachable})))
+            Ok(Json(json!({"items": merge_loads(items), "window_s": covered, "unreachable": unreachable})))
         }
         Some(other) => Err(ApiError::field(StatusCode::BAD_REQUEST, "scope", format!("{other:?} is not local or cluster"))),
     }

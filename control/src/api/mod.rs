@@ -24,7 +24,7 @@ mod rollout;
 mod schedule;
 
 pub use schedule::PlanRequest;
-pub(crate) use cluster::{every_nodes_loads, every_nodes_proxies};
+pub(crate) use cluster::{every_nodes_loads, every_nodes_proxies, merge_loads};
 pub(crate) use crud::set_experiment_weights;
 
 use std::sync::Arc;

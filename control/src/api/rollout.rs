@@ -54,13 +54,11 @@ pub async fn status(State(st): State<Arc<AppState>>, Path(name): Path<String>) -
         serde_json::from_str(&exp.value_json).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
     let token = st.tokens.admin_token().and_then(|t| http::HeaderValue::from_str(&format!("Bearer {t}")).ok());
     let (by_node, unreachable) = super::every_nodes_loads(&st, token.as_ref()).await;
-    let mut merged: BTreeMap<String, ExperimentLoad> = BTreeMap::new();
-    for l in by_node.into_iter().flat_map(|(_, items)| items).filter(|l| l.experiment == name) {
-        let m = merged.entry(l.variant.clone()).or_insert_with(|| ExperimentLoad { variant: l.variant.clone(), ..Default::default() });
-        m.requests += l.requests;
-        m.errors += l.errors;
-        m.latency.merge(&l.latency);
-    }
+    let merged: BTreeMap<String, ExperimentLoad> =
+        super::merge_loads(by_node.into_iter().flat_map(|(_, items)| items).filter(|l| l.experiment == name))
+            .into_iter()
+            .map(|l| (l.variant.clone(), l))
+            .collect();
     let variants: Vec<Value> = exp
         .variants
         .iter()

@@ -17,6 +17,7 @@ pub mod output;
 pub mod autoscale;
 pub mod experiment;
 pub mod schedule;
+pub mod stat;
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -92,6 +93,13 @@ pub enum Command {
     Autoscale {
         #[command(subcommand)]
         command: AutoscaleCommand,
+    },
+    /// Golden metrics per service, experiment and variant over a recent window: success rate,
+    /// requests/s, p50/p95/p99 latency.
+    Stat {
+        /// Seconds of recent traffic (10–300).
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(10..=300))]
+        window: u64,
     },
     /// Sidecars connected to any control node, with the config versions they ACKed.
     ProxyStatus,
@@ -441,6 +449,13 @@ pub async fn run(args: Args) -> Result<(), CliError> {
             let b = autoscale::notice(node, autoscaler, replicas, notice_s);
             let body = call(&mut c, Method::POST, "/v1/autoscale/preemption", Some(&b)).await?;
             show(format, &body, autoscale::preemption_table);
+            Ok(())
+        }
+        Command::Stat { window } => {
+            let load = call(&mut c, Method::GET, &format!("/v1/load?window={window}"), None).await?;
+            let services = call(&mut c, Method::GET, "/v1/services", None).await?;
+            let by_exp = stat::services_by_experiment(&services);
+            show(format, &load, |l| stat::stat_table(l, &by_exp));
             Ok(())
         }
         Command::ProxyStatus => {
