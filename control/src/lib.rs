@@ -24,5 +24,6 @@ pub mod rollouts;
 pub mod scaling;
 pub mod scheduler;
 pub mod server;
+pub mod shards;
 pub mod store;
 pub mod transport;
