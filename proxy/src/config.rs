@@ -376,6 +376,8 @@ pub struct Telemetry {
     /// Header overriding the variant's `model_version` label when the client sends it.
     pub model_version_header: String,
     pub access_log: AccessLog,
+    /// OpenTelemetry trace export over OTLP/gRPC; absent = nothing exported, no cost.
+    pub otlp: Option<Otlp>,
 }
 
 impl Default for Telemetry {
@@ -385,6 +387,55 @@ impl Default for Telemetry {
             tenant_top_n: 50,
             model_version_header: "x-model-version".into(),
             access_log: AccessLog::default(),
+            otlp: None,
+        }
+    }
+}
+
+/// `telemetry.otlp`: send a span per request served (SERVER) and per upstream try and shadow
+/// copy (CLIENT) to an OpenTelemetry collector over OTLP/gRPC. The request path only enqueues
+/// (never waits): when the queue is full, or the collector is down, spans are dropped and counted
+/// (`weft_otlp_dropped_spans_total`), never requests.
+///
+/// ```yaml
+/// telemetry:
+///   otlp:
+///     endpoint: "http://127.0.0.1:4317"   # collector's OTLP/gRPC address (http:// only, no TLS)
+///     service_name: ""                    # resource service.name; default node.id, else weft-proxy
+///     sample_ratio: 1.0                   # for new traces; a caller's sampled flag is followed
+///     queue: 2048                         # spans waiting to be sent; beyond that, dropped
+///     batch: 512                          # spans per export request
+///     flush_interval: 1s                  # a partial batch is sent after this long
+///     timeout: 5s                         # per export request (and connect)
+///     headers: {x-api-key: "..."}         # gRPC metadata on every export
+///     resource: {model: llama-3-8b}       # extra resource attributes
+/// ```
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Otlp {
+    pub endpoint: String,
+    pub service_name: String,
+    pub sample_ratio: f64,
+    pub queue: usize,
+    pub batch: usize,
+    pub flush_interval: Dur,
+    pub timeout: Dur,
+    pub headers: BTreeMap<String, String>,
+    pub resource: BTreeMap<String, String>,
+}
+
+impl Default for Otlp {
+    fn default() -> Self {
+        Otlp {
+            endpoint: "http://127.0.0.1:4317".into(),
+            service_name: String::new(),
+            sample_ratio: 1.0,
+            queue: 2048,
+            batch: 512,
+            flush_interval: Dur::from_millis(1000),
+            timeout: Dur::from_millis(5000),
+            headers: BTreeMap::new(),
+            resource: BTreeMap::new(),
         }
     }
 }

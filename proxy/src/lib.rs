@@ -8,6 +8,7 @@
 //! - cluster, lb, pool, breaker, outlier, retry, window: upstream selection and protection;
 //! - body: streaming bodies (bounded replay copy, idle timeout, end-of-stream accounting);
 //! - telemetry: Prometheus metrics, tenant cardinality limit, access log, traceparent;
+//! - otlp: OpenTelemetry spans (server, upstream tries, shadow copies) exported over OTLP/gRPC;
 //! - server, admin, reload, worker: sockets, the admin API, hot reload, per-core workers;
 //! - xds: the control-plane client (ADS), pushes validated and swapped like a reload.
 
@@ -22,6 +23,7 @@ pub mod duration;
 pub mod lb;
 pub mod limit;
 pub mod model_sim;
+pub mod otlp;
 pub mod outlier;
 pub mod pool;
 pub mod proxy;

@@ -21,6 +21,7 @@ use crate::breaker::Admit;
 use crate::clock::{self, now_ms};
 use crate::cluster::{Cluster, Overflow};
 use crate::config::UpstreamProtocol;
+use crate::otlp;
 use crate::outlier::Outcome;
 use crate::pool::{Conn, ConnectError, H1};
 use crate::retry::{self, Failure};
@@ -39,12 +40,17 @@ pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<Incoming>) -> Respo
     let snap = sh.snapshot.load_full();
     let version = req.version();
     let mut labels = sh.empty_labels();
-    let mut resp = match serve(&sh, &snap, li, req, start, &mut labels).await {
+    let mut span = None;
+    let mut resp = match serve(&sh, &snap, li, req, start, &mut labels, &mut span).await {
         Ok(resp) => resp,
         Err(local) => {
             let resp = local.into_response();
             labels.status_class = telemetry::status_class(resp.status().as_u16());
             sh.telemetry.finish(&labels, start.elapsed(), 0);
+            if let Some(s) = span.take() {
+                let kind = resp.headers().get("x-weft-error").and_then(|v| v.to_str().ok());
+                s.finish(&labels, resp.status().as_u16(), None, kind);
+            }
             resp
         }
     };
@@ -59,7 +65,11 @@ async fn serve(
     req: Request<Incoming>,
     start: Instant,
     labels: &mut Labels,
+    span: &mut Option<otlp::ReqSpan>,
 ) -> Result<Response<RespBody>, Local> {
+    // Trace context first, so even a request answered locally gets its server span.
+    let mut trace = telemetry::traceparent(req.headers().get(&TRACEPARENT).map(|v| v.as_bytes()));
+    *span = otlp::start(&sh.telemetry, &req, &mut trace, start);
     // 1. Which service: by Host / :authority on this listener.
     let authority = authority(&req).ok_or_else(|| {
         Local::new(StatusCode::BAD_REQUEST, "missing_host", "the request has no Host header or :authority")
@@ -87,7 +97,11 @@ async fn serve(
             .with("path", path.to_string())
     })?;
     labels.route = route.name.clone();
-    labels.tenant_id = sh.telemetry.tenant_label(header_str(req.headers(), snap.tenant_header.as_ref()));
+    let tenant = header_str(req.headers(), snap.tenant_header.as_ref());
+    labels.tenant_id = sh.telemetry.tenant_label(tenant);
+    if let Some(s) = span.as_mut() {
+        s.set_tenant(tenant);
+    }
 
     // 3. Which variant (and so which cluster).
     let (cluster, variant, experiment) = match route.target {
@@ -121,22 +135,29 @@ async fn serve(
     //    may need it.
     let shadow = experiment.and_then(|e| e.shadow.as_ref()).filter(|s| rand::random::<f64>() < s.fraction);
     let (mut parts, body) = req.into_parts();
-    let trace = telemetry::traceparent(parts.headers.get(&TRACEPARENT).map(|v| v.as_bytes()));
     prepare_headers(&mut parts.headers, &authority, &trace, variant);
     let record_limit = route.retry.as_ref().map_or(0, |r| r.buffer_bytes).max(shadow.map_or(0, |s| s.max_body_bytes));
     let body = Prepared::new(body, record_limit);
 
     // 6. Shadow copy: fire and forget.
     if let Some(s) = shadow {
-        crate::shadow::spawn(sh, snap, s, &parts, &authority, &body, labels);
+        crate::shadow::spawn(sh, snap, s, &parts, &authority, &body, labels, span.as_ref().map(|t| t.child()));
     }
 
     // 7. Forward, retrying within policy and budget.
-    let mut req_parts = ReqParts { method: parts.method, uri: parts.uri, headers: parts.headers, authority };
+    let span_fwd = span.take().map(|s| s.forwarding(labels));
+    let mut req_parts = ReqParts { method: parts.method, uri: parts.uri, headers: parts.headers, authority, span: span_fwd };
     // Boxed: the retry machinery is the bulk of this future, and hyper moves the outer future.
-    let sent = Box::pin(forward(cluster, route, &mut req_parts, body, start, deadline)).await?;
+    let sent = match Box::pin(forward(cluster, route, &mut req_parts, body, start, deadline)).await {
+        Ok(sent) => sent,
+        Err(local) => {
+            *span = req_parts.span.take();
+            return Err(local);
+        }
+    };
     labels.endpoint = cluster.endpoints[sent.ep].label.clone();
     labels.status_class = telemetry::status_class(sent.resp.status().as_u16());
+    let ending = req_parts.span.take().map(|s| s.responded(sent.attempt, sent.resp.status().as_u16()));
 
     // 8. Respond, streaming the body; telemetry and connection reuse happen when it ends.
     let (mut rparts, incoming) = sent.resp.into_parts();
@@ -144,7 +165,7 @@ async fn serve(
     if let Some(v) = variant {
         rparts.headers.insert(X_WEFT_VARIANT.clone(), v.header.clone());
     }
-    let on_end = finish_on_end(sh, cluster, sent.ep, sent.h1, slot, labels.clone(), start, sent.attempts - 1, &req_parts, telemetry::trace_id(&trace));
+    let on_end = finish_on_end(sh, cluster, sent.ep, sent.h1, slot, labels.clone(), start, sent.attempts - 1, &req_parts, telemetry::trace_id(&trace), ending);
     Ok(Response::from_parts(rparts, RespBody::upstream(incoming, route.idle_timeout, on_end)))
 }
 
@@ -178,6 +199,8 @@ pub(crate) struct ReqParts {
     pub uri: Uri,
     pub headers: HeaderMap,
     pub authority: String,
+    /// The request's trace while OTLP export is on and it is sampled.
+    pub span: Option<otlp::ReqSpan>,
 }
 
 impl ReqParts {
@@ -286,6 +309,8 @@ struct Sent {
     ep: usize,
     h1: Option<H1>,
     attempts: u32,
+    /// The try's span (OTLP), ended with the body or when the response is dropped for a retry.
+    attempt: Option<otlp::Attempt>,
 }
 
 /// Send to `cluster`, retrying per the route's policy.
@@ -318,6 +343,9 @@ async fn forward(
                 }
                 // Dropped unread: its connection is not reused, and its counts end here.
                 release(cluster, sent.ep);
+                if let Some(s) = &parts.span {
+                    s.end_attempt(sent.attempt.take(), Ok(status));
+                }
                 (Failure::Status(status), sent.ep)
             }
             Err(TryError::Local(l)) => return Err(l),
@@ -404,6 +432,7 @@ async fn try_once(
     cluster.active.fetch_add(1, Relaxed);
     cluster.in_flight.increment(1.0);
     let last = route.retry.as_ref().is_none_or(|r| r.attempts <= 1);
+    let attempt = parts.span.as_mut().map(|s| s.attempt(&mut parts.headers, &ep.label, ep.addr));
     let exchange = exchange(cluster, ep_i, parts, bodies, last);
     let result = match limit {
         None => exchange.await,
@@ -415,10 +444,13 @@ async fn try_once(
             cluster.record(ep_i, Outcome::from_status(resp.status().as_u16()), probe, now);
             // `active`/in-flight are released when the response body ends (see finish_on_end),
             // or right here if the caller drops this response to retry.
-            Ok(Sent { resp, ep: ep_i, h1, attempts: 0 })
+            Ok(Sent { resp, ep: ep_i, h1, attempts: 0, attempt })
         }
         Err(a) => {
             release(cluster, ep_i);
+            if let Some(s) = &parts.span {
+                s.end_attempt(attempt, Err(a.kind()));
+            }
             if !matches!(a, Attempt::Overflow) {
                 cluster.record(ep_i, Outcome::GatewayError, probe, now);
             }
@@ -444,6 +476,18 @@ enum Attempt {
 }
 
 impl Attempt {
+    /// The `error.type` of a try's span.
+    fn kind(&self) -> &'static str {
+        match self {
+            Attempt::Connect(_) => "connect_failure",
+            Attempt::Overflow => "overflow_max_connections",
+            Attempt::Pending => "overflow_max_pending",
+            Attempt::Reset(_) => "reset",
+            Attempt::Timeout => "timeout",
+            Attempt::NoBody => "not_replayable",
+        }
+    }
+
     fn into_error(self, cluster: &Cluster, ep: usize, deadline: Option<Instant>) -> TryError {
         let who = format!("{} ({})", &*cluster.name, &*cluster.endpoints[ep].label);
         match self {
@@ -533,6 +577,7 @@ fn finish_on_end(
     retries: u32,
     parts: &ReqParts,
     trace_id: &str,
+    span: Option<otlp::ReqSpan>,
 ) -> crate::body::OnEnd {
     let sh = sh.clone();
     let cluster = cluster.clone();
@@ -544,6 +589,9 @@ fn finish_on_end(
         }
         let elapsed = start.elapsed();
         sh.telemetry.finish(&labels, elapsed, retries);
+        if let Some(s) = span {
+            s.ended(&labels, end);
+        }
         if let Some((method, uri, trace)) = log {
             sh.telemetry.access_log(|| serde_json::json!({
                 "time_ms": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),

@@ -21,6 +21,7 @@ use crate::Shared;
 /// Shadow copies in flight per proxy; beyond this, copies are skipped rather than queued.
 pub const MAX_IN_FLIGHT: usize = 1024;
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn spawn(
     sh: &Arc<Shared>,
     snap: &Arc<Snapshot>,
@@ -29,6 +30,7 @@ pub(crate) fn spawn(
     authority: &str,
     body: &Prepared,
     primary: &Labels,
+    span: Option<crate::otlp::ChildSpan>,
 ) {
     let skip = |reason: &'static str| {
         sh.telemetry.counter("weft_shadow_skipped_total", vec![Label::new("reason", reason)]).increment(1);
@@ -46,7 +48,10 @@ pub(crate) fn spawn(
     let (k, v) = crate::proxy::shadow_header();
     headers.insert(k, v);
     headers.remove("x-weft-variant");
-    let mut req = ReqParts { method: parts.method.clone(), uri: parts.uri.clone(), headers, authority: authority.to_string() };
+    if let Some(s) = &span {
+        s.set_header(&mut headers);
+    }
+    let mut req = ReqParts { method: parts.method.clone(), uri: parts.uri.clone(), headers, authority: authority.to_string(), span: None };
     let mut labels = primary.clone();
     labels.variant = s.variant.clone();
     labels.cluster = cluster.name.clone();
@@ -82,6 +87,9 @@ pub(crate) fn spawn(
             Ok((status, endpoint)) => {
                 labels.status_class = telemetry::status_class(status);
                 labels.endpoint = endpoint;
+                if let Some(s) = span {
+                    s.finish(&labels, Ok(status));
+                }
             }
             Err("body_too_large") => {
                 // Never sent: not a shadow request, just a skipped one.
@@ -92,6 +100,9 @@ pub(crate) fn spawn(
             Err(reason) => {
                 labels.status_class = "5xx";
                 tracing::debug!(reason, "shadow copy failed");
+                if let Some(s) = span {
+                    s.finish(&labels, Err(reason));
+                }
             }
         }
         sh.telemetry.finish(&labels, start.elapsed(), 0);

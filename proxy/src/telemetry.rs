@@ -1,5 +1,6 @@
 //! Telemetry: Prometheus metrics labelled by variant, model and tenant; the tenant cardinality
-//! limit; the sampled JSON access log; W3C `traceparent` propagation.
+//! limit; the sampled JSON access log; W3C `traceparent` propagation; the OTLP trace exporter
+//! (see `otlp`), started, replaced or stopped here as the telemetry config says.
 //!
 //! Each proxy instance owns its own Prometheus recorder (not the process-global one), so
 //! several proxies in one process (tests) keep separate `/metrics`. Handles are registered
@@ -144,6 +145,9 @@ pub struct Telemetry {
     tenants: Mutex<HashSet<Arc<str>>>,
     tenant_limit: AtomicUsize,
     access_log: Mutex<Option<AccessLog>>,
+    /// The OTLP exporter while `telemetry.otlp` is set; one atomic load per request when not.
+    otlp: arc_swap::ArcSwapOption<crate::otlp::Exporter>,
+    node: config::Node,
     pub other: Arc<str>,
     pub empty: Arc<str>,
 }
@@ -176,6 +180,8 @@ impl Telemetry {
             tenants: Mutex::new(HashSet::new()),
             tenant_limit: AtomicUsize::new(50),
             access_log: Mutex::new(None),
+            otlp: arc_swap::ArcSwapOption::empty(),
+            node: node.clone(),
             other: Arc::from("other"),
             empty: Arc::from(""),
         };
@@ -201,10 +207,15 @@ impl Telemetry {
         d("weft_shadow_skipped_total", "Shadow copies not sent, by reason.");
         d("weft_retry_budget_exhausted_total", "Retries refused by the retry budget.");
         d("weft_config_reloads_total", "Config reloads by result (ok, rejected).");
+        d("weft_otlp_exported_spans_total", "Spans the OTLP collector accepted.");
+        d("weft_otlp_dropped_spans_total", "Spans not exported, by reason: queue_full (dropped at enqueue, never waited for), export_failed (collector down or slow), rejected (by the collector), stopped (ended after a reload replaced the exporter).");
     }
 
-    /// Apply the telemetry section of a new config (tenant limit, access log).
+    /// Apply the telemetry section of a new config (tenant limit, access log, OTLP export).
     pub fn configure(&self, t: &config::Telemetry) -> Result<(), String> {
+        if let Some(o) = &t.otlp {
+            crate::otlp::validate(o)?;
+        }
         let log = if t.access_log.enabled {
             let out: Box<dyn Write + Send> = if t.access_log.path.is_empty() {
                 Box::new(std::io::stdout())
@@ -225,7 +236,39 @@ impl Telemetry {
         // Already-admitted tenants keep their label when the limit shrinks: relabelling a live
         // series would break its counters.
         self.tenant_limit.store(t.tenant_top_n, Relaxed);
+        self.set_otlp(t.otlp.as_ref())
+    }
+
+    /// Start, replace or stop the OTLP exporter. An unchanged section keeps the running one; a
+    /// replaced one sends what it has queued and ends on its own (nothing here waits for it).
+    fn set_otlp(&self, cfg: Option<&config::Otlp>) -> Result<(), String> {
+        if self.otlp.load().as_ref().map(|e| &e.cfg) == cfg {
+            return Ok(());
+        }
+        let next = cfg.map(|c| crate::otlp::Exporter::start(c, &self.node, self)).transpose()?;
+        if let Some(old) = self.otlp.swap(next) {
+            old.stop();
+        }
         Ok(())
+    }
+
+    /// The running OTLP exporter, if any.
+    pub(crate) fn otlp(&self) -> Option<Arc<crate::otlp::Exporter>> {
+        self.otlp.load_full()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_otlp_for_test(&self, ex: Arc<crate::otlp::Exporter>) {
+        self.otlp.store(Some(ex));
+    }
+
+    /// Stop exporting: send the queued spans and end the exporter thread, waiting at most the
+    /// export timeout (plus a second). Call after the proxy drained, so the last requests'
+    /// spans go out too.
+    pub fn shutdown_otlp(&self) {
+        if let Some(ex) = self.otlp.swap(None) {
+            ex.stop_and_wait(ex.cfg.timeout.0 + Duration::from_secs(1));
+        }
     }
 
     /// The tenant label for a header value: the first `tenant_top_n` distinct values get their
@@ -366,7 +409,7 @@ pub fn trace_id(tp: &[u8; 55]) -> &str {
 }
 
 /// Lowercase hex of the low `out.len() * 4` bits of `v`, most significant first.
-fn hex_into(out: &mut [u8], mut v: u128) {
+pub(crate) fn hex_into(out: &mut [u8], mut v: u128) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for b in out.iter_mut().rev() {
         *b = HEX[(v & 0xf) as usize];
@@ -375,7 +418,7 @@ fn hex_into(out: &mut [u8], mut v: u128) {
 }
 
 /// `00-<32 hex trace>-<16 hex parent>-<2 hex flags>` → (trace, flags); None if malformed.
-fn parse_traceparent(v: &[u8]) -> Option<(&[u8], &[u8])> {
+pub(crate) fn parse_traceparent(v: &[u8]) -> Option<(&[u8], &[u8])> {
     if v.len() != 55 || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
         return None;
     }

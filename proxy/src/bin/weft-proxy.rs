@@ -135,7 +135,10 @@ fn run(args: Args) -> Result<(), String> {
     tracing::info!(address = %proxy.admin_addr, "admin API");
     wait_for_stop();
     tracing::info!("stopping: draining in-flight requests");
+    let shared = proxy.shared.clone();
     proxy.shutdown(grace);
+    // The drained requests' spans, still queued for OTLP export, go out before the exit.
+    shared.telemetry.shutdown_otlp();
     Ok(())
 }
 
