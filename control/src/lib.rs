@@ -26,4 +26,5 @@ pub mod scheduler;
 pub mod server;
 pub mod shards;
 pub mod store;
+pub mod training;
 pub mod transport;

@@ -41,11 +41,15 @@ pub enum Kind {
     Rollouts,
     /// The rollout engine's state and evidence per rollout; written only by the engine.
     RolloutStates,
+    /// A distributed training job: workers, dataset shards, global batch, model layout.
+    TrainingJobs,
+    /// The shard map computed for each training job; written only by the control plane.
+    ShardMaps,
 }
 
 impl Kind {
     /// In apply order: what others refer to comes first.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Clusters,
         Kind::Endpoints,
         Kind::Experiments,
@@ -56,6 +60,8 @@ impl Kind {
         Kind::ScalingDecisions,
         Kind::Rollouts,
         Kind::RolloutStates,
+        Kind::TrainingJobs,
+        Kind::ShardMaps,
     ];
 
     /// Whether specs of this kind are written through the resource API (placements are the
@@ -71,6 +77,7 @@ impl Kind {
             Kind::ScalingDecisions => {
                 Some("the autoscaler's decision loop (write an autoscaler instead); DELETE makes it decide afresh")
             }
+            Kind::ShardMaps => Some("the control plane from the training job (write the trainingjob; weftctl training scale)"),
             Kind::RolloutStates => Some(
                 "the rollout engine (write a rollout; steer it with POST /v1/rollout/NAME/promote|rollback|pause|resume)",
             ),
@@ -91,6 +98,8 @@ impl Kind {
             Kind::ScalingDecisions => "scalingdecisions",
             Kind::Rollouts => "rollouts",
             Kind::RolloutStates => "rolloutstates",
+            Kind::TrainingJobs => "trainingjobs",
+            Kind::ShardMaps => "shardmaps",
         }
     }
 
@@ -107,6 +116,8 @@ impl Kind {
             Kind::ScalingDecisions => "ScalingDecision",
             Kind::Rollouts => "Rollout",
             Kind::RolloutStates => "RolloutState",
+            Kind::TrainingJobs => "TrainingJob",
+            Kind::ShardMaps => "ShardMap",
         }
     }
 
@@ -358,7 +369,12 @@ pub fn validate(kind: Kind, name: &str, spec: &Value) -> Result<Valid, FieldErro
             r.validate().map_err(|(field, message)| err(field, message))?;
             Ok(Valid { json: to_json(&r), refs: vec![(Kind::Experiments, name.into(), "name".into())] })
         }
-        Kind::Placements | Kind::ScalingDecisions | Kind::RolloutStates => {
+        Kind::TrainingJobs => {
+            let j: crate::shards::job::JobSpec = parse(&spec)?;
+            j.validate().map_err(|(field, message)| err(field, message))?;
+            Ok(Valid { json: to_json(&j), refs: vec![] })
+        }
+        Kind::Placements | Kind::ScalingDecisions | Kind::RolloutStates | Kind::ShardMaps => {
             Err(err("", format!("{kind} are written by {}", kind.written_by().unwrap_or("the control plane"))))
         }
     }
@@ -445,6 +461,11 @@ fn convert(r: &Resource) -> Converted {
         "services" => {
             if let Ok(sv) = serde_json::from_str::<config::Service>(&r.value_json) {
                 c.body = Some((typeurl::SERVICE, sv.name.clone(), to_any(&encode::service(&sv))));
+            }
+        }
+        "shardmaps" => {
+            if let Ok(m) = serde_json::from_str::<crate::shards::job::ShardMapRecord>(&r.value_json) {
+                c.body = Some((typeurl::SHARD_MAP, r.name.clone(), to_any(&m.to_xds(&r.name))));
             }
         }
         "scalingdecisions" => {

@@ -145,6 +145,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     tasks.push(tokio::spawn(reports.clone().run(stopped.clone())));
     tasks.push(tokio::spawn(crate::scaling::run(state.clone(), stopped.clone())));
     tasks.push(tokio::spawn(crate::rollouts::run(state.clone(), stopped.clone())));
+    tasks.push(tokio::spawn(crate::training::run(state.clone(), stopped.clone())));
 
     let app = api::router(state.clone());
     let mut s = stopped.clone();

@@ -143,7 +143,7 @@ fn body_json(body: &Bytes) -> ApiResult<Value> {
 }
 
 /// Validates and writes `spec` as `kind/name`; shared by PUT and the weights shortcut.
-async fn write_spec(
+pub(crate) async fn write_spec(
     st: &AppState,
     kind: Kind,
     name: &str,

@@ -8,6 +8,7 @@
 //! - `schedule`: plan and apply placements on the GPU inventory.
 //! - `autoscale`: the autoscaler's status and spot preemption notices.
 //! - `rollout`: an experiment's per-variant numbers and its rollout; operator commands.
+//! - `training`: a training job's shard map; scaling its workers.
 //! - `openapi`: the OpenAPI document.
 //!
 //! Requests pass two layers before a handler: `authorize` (role by method and path) and
@@ -21,11 +22,12 @@ mod crud;
 pub mod forward;
 mod openapi;
 mod rollout;
+mod training;
 mod schedule;
 
 pub use schedule::PlanRequest;
 pub(crate) use cluster::{every_nodes_loads, every_nodes_proxies, merge_loads};
-pub(crate) use crud::set_experiment_weights;
+pub(crate) use crud::{set_experiment_weights, write_spec};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -253,6 +255,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/autoscale/preemption", post(autoscale::preemption))
         .route("/v1/rollout/{name}", get(rollout::status))
         .route("/v1/rollout/{name}/{action}", post(rollout::command))
+        .route("/v1/training/{name}", get(training::status))
+        .route("/v1/training/{name}/scale", post(training::scale))
         .route("/v1/{kind}", get(crud::list))
         .route("/v1/{kind}/{name}", get(crud::get).put(crud::put).delete(crud::delete))
         .route("/v1/{kind}/{name}/history", get(crud::history))

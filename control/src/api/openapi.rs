@@ -23,7 +23,7 @@ fn responses(schema: Value) -> Value {
 
 pub async fn document() -> Json<Value> {
     let kind = json!({"name": "kind", "in": "path", "required": true,
-        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints", "nodes", "placements", "autoscalers", "scalingdecisions", "rollouts", "rolloutstates"]}});
+        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints", "nodes", "placements", "autoscalers", "scalingdecisions", "rollouts", "rolloutstates", "trainingjobs", "shardmaps"]}});
     let name = json!({"name": "name", "in": "path", "required": true,
         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,253}$"}});
     let consistency = json!({"name": "consistency", "in": "query", "required": false,
@@ -123,6 +123,13 @@ pub async fn document() -> Json<Value> {
                 "parameters": [name.clone()], "responses": responses(json!({"type": "object"}))}},
             "/v1/rollout/{name}/{action}": {"post": {"summary": "Operator command on an experiment's rollout",
                 "parameters": [name.clone(), {"name": "action", "in": "path", "required": true, "schema": {"type": "string", "enum": ["promote", "rollback", "pause", "resume"]}}],
+                "responses": responses(json!({"type": "object"}))}},
+            "/v1/training/{name}": {"get": {"summary": "A training job and its current shard map per rank",
+                "parameters": [name.clone()], "responses": responses(json!({"type": "object"}))}},
+            "/v1/training/{name}/scale": {"post": {"summary": "Set a training job's worker count (the leader computes the next shard map)",
+                "parameters": [name.clone()],
+                "requestBody": body(json!({"type": "object", "required": ["workers"], "additionalProperties": false, "properties": {
+                    "workers": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}}})),
                 "responses": responses(json!({"type": "object"}))}},
             "/v1/status": {"get": {"summary": "This node's Raft role, term and applied index", "responses": responses(json!({"type": "object"}))}},
             "/v1/proxies": {"get": {"summary": "Connected sidecars: control node, ACKed versions, last NACK", "parameters": [

@@ -18,6 +18,7 @@ pub mod autoscale;
 pub mod experiment;
 pub mod schedule;
 pub mod stat;
+pub mod training;
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -101,6 +102,11 @@ pub enum Command {
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(10..=300))]
         window: u64,
     },
+    /// Training jobs: their shard maps, and rescaling.
+    Training {
+        #[command(subcommand)]
+        command: TrainingCommand,
+    },
     /// Sidecars connected to any control node, with the config versions they ACKed.
     ProxyStatus,
     /// The state of the node that answers.
@@ -144,6 +150,19 @@ pub enum AutoscaleCommand {
         /// Seconds until the capacity goes.
         #[arg(long, default_value_t = 120.0)]
         notice_s: f64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TrainingCommand {
+    /// Ranks, shards per rank, batch share, layout and the map version of a job.
+    Status { job: String },
+    /// Set a job's worker count; the control plane computes the next shard map (moving as few
+    /// shards as possible, keeping the global batch).
+    Scale {
+        job: String,
+        #[arg(long)]
+        workers: u32,
     },
 }
 
@@ -458,6 +477,18 @@ pub async fn run(args: Args) -> Result<(), CliError> {
             show(format, &load, |l| stat::stat_table(l, &by_exp));
             Ok(())
         }
+        Command::Training { command: TrainingCommand::Status { job } } => {
+            let job = parse_name(&job)?;
+            let body = call(&mut c, Method::GET, &format!("/v1/training/{job}"), None).await?;
+            show(format, &body, training::status_table);
+            Ok(())
+        }
+        Command::Training { command: TrainingCommand::Scale { job, workers } } => {
+            let job = parse_name(&job)?;
+            let body = call(&mut c, Method::POST, &format!("/v1/training/{job}/scale"), Some(&json!({ "workers": workers }))).await?;
+            show(format, &body, |b| format!("trainingjob/{job} scaled to {workers} workers (revision {}); the new shard map follows\n", output::cell(&b["revision"])));
+            Ok(())
+        }
         Command::ProxyStatus => {
             let body = call(&mut c, Method::GET, "/v1/proxies", None).await?;
             for u in body["unreachable"].as_array().into_iter().flatten() {
@@ -523,7 +554,7 @@ mod tests {
         let e = parse_kind("pods").unwrap_err();
         assert_eq!(
             e,
-            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements, autoscalers, scalingdecisions, rollouts, rolloutstates".into())
+            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements, autoscalers, scalingdecisions, rollouts, rolloutstates, trainingjobs, shardmaps".into())
         );
         assert_eq!(e.exit_code(), 2);
     }

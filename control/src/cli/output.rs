@@ -147,6 +147,13 @@ pub fn summary(kind: Kind, spec: &Value) -> String {
             cell(&spec["min_per_step"])
         ),
         Kind::RolloutStates => format!("{} at {}%: {}", cell(&spec["phase"]), cell(&spec["weight"]), cell(&spec["reason"])),
+        Kind::TrainingJobs => format!(
+            "workers={} shards={} global_batch={}",
+            cell(&spec["workers"]),
+            spec["shard_sizes"].as_array().map_or(0, Vec::len),
+            cell(&spec["global_batch"])
+        ),
+        Kind::ShardMaps => format!("version={} workers={} moved={}", cell(&spec["version"]), cell(&spec["workers"]), cell(&spec["moved"])),
         Kind::Placements => {
             let nodes: Vec<String> = spec["allocations"]
                 .as_array()

@@ -8,4 +8,5 @@
 
 pub mod batch;
 pub mod data;
+pub mod job;
 pub mod layout;

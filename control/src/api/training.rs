@@ -1,0 +1,62 @@
+//! `GET /v1/training/{job}` (the job, its current shard map per rank) and
+//! `POST /v1/training/{job}/scale` (`{"workers": N}`: a conditional write of the job's worker
+//! count; the leader computes the next map within a second).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use bytes::Bytes;
+use http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, ApiResult, AppState};
+use crate::resources::Kind;
+use crate::shards::job::JobSpec;
+use crate::store::StoreError;
+
+fn job(st: &AppState, name: &str) -> ApiResult<(JobSpec, u64)> {
+    let Some(r) = st.node.local().get(Kind::TrainingJobs.as_str(), name).map_err(StoreError::from)? else {
+        return Err(ApiError::field(StatusCode::NOT_FOUND, "name", format!("trainingjobs/{name} does not exist")));
+    };
+    let spec = serde_json::from_str(&r.value_json).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok((spec, r.revision))
+}
+
+/// `GET /v1/training/{job}`.
+pub async fn status(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
+    st.node.linearize().await?;
+    let (spec, revision) = job(&st, &name)?;
+    let (map, map_revision) = crate::training::stored_map(&st, &name)?;
+    let current = map.as_ref().is_some_and(|m| m.job_revision == revision);
+    Ok(Json(json!({
+        "job": name,
+        "revision": revision,
+        "workers": spec.workers,
+        "shards": spec.shard_sizes.len(),
+        "global_batch": spec.global_batch,
+        "map": map,
+        "map_revision": map_revision,
+        // False while the leader computes the map of a changed job.
+        "map_current": current,
+        "checkpoints": Value::Null,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scale {
+    pub workers: u32,
+}
+
+/// `POST /v1/training/{job}/scale`.
+pub async fn scale(State(st): State<Arc<AppState>>, Path(name): Path<String>, body: Bytes) -> ApiResult<Json<Value>> {
+    let req: Scale = serde_json::from_slice(&body).map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "workers", format!("body: {e}")))?;
+    st.node.linearize().await?;
+    let (mut spec, revision) = job(&st, &name)?;
+    spec.workers = req.workers;
+    spec.validate().map_err(|(f, e)| ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, f, e))?;
+    let value = serde_json::to_value(&spec).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    super::write_spec(&st, Kind::TrainingJobs, &name, &value, Some(revision), false).await
+}
