@@ -14,7 +14,6 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use weft_xds::resources::{from_any, v1};
-use weft_xds::transport::{AggregatedDiscoveryServiceClient, DiscoveryRequest, Node as XdsNode};
 use weft_xds::typeurl::SCALING_DECISION;
 
 const AUTOSCALER: &str = "\
@@ -114,13 +113,8 @@ async fn load_reports_become_committed_pushed_decisions_and_preemption_replaces_
     assert!(d["on_demand"].as_u64().unwrap() >= 10, "a critical variant keeps half on on-demand: {d}");
 
     // Pushed over ADS to any subscriber.
-    let (tx, rx) = mpsc::channel(4);
-    let mut ads = AggregatedDiscoveryServiceClient::connect(format!("http://{}", node.running.xds_addr)).await.unwrap();
-    let mut responses = ads.stream_aggregated_resources(ReceiverStream::new(rx)).await.unwrap().into_inner();
-    let xds_node = XdsNode { id: "scheduler-agent".into(), ..Default::default() };
-    tx.send(DiscoveryRequest { node: Some(xds_node), type_url: SCALING_DECISION.into(), ..Default::default() }).await.unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(10), responses.message()).await.unwrap().unwrap().unwrap();
-    let pushed: v1::ScalingDecision = from_any(&resp.resources[0]).unwrap();
+    let resources = ads_first(node.running.xds_addr, "scheduler-agent", SCALING_DECISION).await;
+    let pushed: v1::ScalingDecision = from_any(&resources[0]).unwrap();
     assert_eq!((pushed.name.as_str(), pushed.variant.as_str(), pushed.policy.as_str()), ("chat-a", "a", "hybrid"));
     assert!(pushed.replicas >= 1 && pushed.demand_rps >= 0.0, "{pushed:?}");
 

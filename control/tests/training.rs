@@ -10,10 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use weft_xds::resources::{from_any, v1};
-use weft_xds::transport::{AggregatedDiscoveryServiceClient, DiscoveryRequest, Node as XdsNode};
 use weft_xds::typeurl::SHARD_MAP;
 
 fn job_yaml() -> String {
@@ -78,13 +75,8 @@ async fn scaling_a_job_recomputes_its_shard_map_moving_few_shards() {
     assert_eq!(revisions(&url).await, before);
 
     // Pushed over ADS.
-    let (tx, rx) = mpsc::channel(4);
-    let mut ads = AggregatedDiscoveryServiceClient::connect(format!("http://{}", node.running.xds_addr)).await.unwrap();
-    let mut responses = ads.stream_aggregated_resources(ReceiverStream::new(rx)).await.unwrap().into_inner();
-    let xds_node = XdsNode { id: "trainer-sidecar".into(), ..Default::default() };
-    tx.send(DiscoveryRequest { node: Some(xds_node), type_url: SHARD_MAP.into(), ..Default::default() }).await.unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(10), responses.message()).await.unwrap().unwrap().unwrap();
-    let pushed: v1::ShardMap = from_any(&resp.resources[0]).unwrap();
+    let resources = ads_first(node.running.xds_addr, "trainer-sidecar", SHARD_MAP).await;
+    let pushed: v1::ShardMap = from_any(&resources[0]).unwrap();
     assert_eq!((pushed.name.as_str(), pushed.version, pushed.ranks.len()), ("llm", 3, 3));
     assert_eq!(pushed.ranks.iter().map(|r| r.samples).sum::<u64>(), 1000);
 }

@@ -104,3 +104,16 @@ pub fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
     std::fs::write(&p, text).unwrap();
     p.to_str().unwrap().to_string()
 }
+
+/// The resources of `type_url` in the first State-of-the-World ADS response of control node
+/// `xds` to a new subscriber `node_id`.
+pub async fn ads_first(xds: std::net::SocketAddr, node_id: &str, type_url: &str) -> Vec<weft_xds::transport::Any> {
+    use weft_xds::transport::{AggregatedDiscoveryServiceClient, DiscoveryRequest, Node as XdsNode};
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut ads = AggregatedDiscoveryServiceClient::connect(format!("http://{xds}")).await.unwrap();
+    let mut responses = ads.stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let node = XdsNode { id: node_id.into(), ..Default::default() };
+    tx.send(DiscoveryRequest { node: Some(node), type_url: type_url.into(), ..Default::default() }).await.unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), responses.message()).await.unwrap().unwrap().unwrap();
+    resp.resources
+}
