@@ -20,8 +20,9 @@ struct Args {
     #[arg(long, default_value = "30s")]
     drain_timeout: String,
     /// xDS control nodes, comma-separated (`host:port`); the first reachable one is used. With
-    /// it, services, experiments, clusters and endpoints come from the control plane and the
-    /// file only gives node identity, admin, listeners and telemetry (it is not hot-reloaded).
+    /// it, services, experiments, clusters and endpoints come from the control plane, merged
+    /// over the file's own (a pushed resource replaces a static one of the same name); the
+    /// file also gives node identity, admin, listeners and telemetry (it is not hot-reloaded).
     #[arg(long, value_delimiter = ',')]
     xds: Vec<String>,
     /// Node id sent to the control plane (default: the file's `node.id`).
