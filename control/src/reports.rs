@@ -53,6 +53,8 @@ struct Sidecar {
     healthy: bool,
     streams: u32,
     load: BTreeMap<String, Load>,
+    /// A training sidecar's last report of its trainer, and when it arrived (this node's ms).
+    training: Option<(v1::TrainingReport, u64)>,
 }
 
 /// A sidecar's report state, for `GET /v1/proxies`.
@@ -62,6 +64,8 @@ pub struct SidecarView {
     pub reporting: bool,
     pub phi: Option<f64>,
     pub load: BTreeMap<String, Load>,
+    /// A training sidecar's view of its trainer (`age_ms` = how old the report is).
+    pub training: Option<crate::shards::checkpoint::WorkerState>,
 }
 
 struct Inner {
@@ -155,6 +159,7 @@ impl Tracker {
                     reporting: s.streams > 0,
                     phi: inner.detector.phi(id, now),
                     load: s.load.clone(),
+                    training: s.training.as_ref().map(|(t, at)| worker_state(t, now.saturating_sub(*at))),
                 };
                 (id.clone(), view)
             })
@@ -239,6 +244,9 @@ impl Tracker {
             t.errors += l.errors;
             t.latency_ms_sum += l.latency_ms_sum;
             (t.in_flight, t.queued) = (l.in_flight, l.queued);
+        }
+        if let Some(t) = &report.training {
+            s.training = Some((t.clone(), now));
         }
         let r = report.registration.as_ref()?;
         let reg = Registration {
@@ -350,6 +358,27 @@ impl Tracker {
                 changed = stop.changed() => if changed.is_err() || *stop.borrow() { return },
             }
         }
+    }
+}
+
+/// A training report as the fault detector and checkpoint tracker read it.
+fn worker_state(t: &v1::TrainingReport, age_ms: u64) -> crate::shards::checkpoint::WorkerState {
+    use crate::shards::checkpoint::{Reported, WorkerState};
+    WorkerState {
+        job: t.job.clone(),
+        worker: t.worker.clone(),
+        map_version: t.map_version,
+        step: t.step,
+        trainer_seen: t.trainer_seen,
+        trainer_idle_ms: t.trainer_idle_ms,
+        checkpoints: t
+            .checkpoints
+            .iter()
+            .map(|c| Reported { map_version: c.map_version, step: c.step, location: c.location.clone(), r#final: c.r#final })
+            .collect(),
+        draining: t.draining,
+        ready_to_stop: t.ready_to_stop,
+        age_ms,
     }
 }
 

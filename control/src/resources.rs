@@ -45,11 +45,13 @@ pub enum Kind {
     TrainingJobs,
     /// The shard map computed for each training job; written only by the control plane.
     ShardMaps,
+    /// Each training job's complete coordinated checkpoints; written only by the control plane.
+    Checkpoints,
 }
 
 impl Kind {
     /// In apply order: what others refer to comes first.
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 13] = [
         Kind::Clusters,
         Kind::Endpoints,
         Kind::Experiments,
@@ -62,6 +64,7 @@ impl Kind {
         Kind::RolloutStates,
         Kind::TrainingJobs,
         Kind::ShardMaps,
+        Kind::Checkpoints,
     ];
 
     /// Whether specs of this kind are written through the resource API (placements are the
@@ -78,6 +81,7 @@ impl Kind {
                 Some("the autoscaler's decision loop (write an autoscaler instead); DELETE makes it decide afresh")
             }
             Kind::ShardMaps => Some("the control plane from the training job (write the trainingjob; weftctl training scale)"),
+            Kind::Checkpoints => Some("the control plane when every rank of a training job reported a checkpoint at one step"),
             Kind::RolloutStates => Some(
                 "the rollout engine (write a rollout; steer it with POST /v1/rollout/NAME/promote|rollback|pause|resume)",
             ),
@@ -100,6 +104,7 @@ impl Kind {
             Kind::RolloutStates => "rolloutstates",
             Kind::TrainingJobs => "trainingjobs",
             Kind::ShardMaps => "shardmaps",
+            Kind::Checkpoints => "checkpoints",
         }
     }
 
@@ -118,6 +123,7 @@ impl Kind {
             Kind::RolloutStates => "RolloutState",
             Kind::TrainingJobs => "TrainingJob",
             Kind::ShardMaps => "ShardMap",
+            Kind::Checkpoints => "Checkpoint",
         }
     }
 
@@ -374,7 +380,7 @@ pub fn validate(kind: Kind, name: &str, spec: &Value) -> Result<Valid, FieldErro
             j.validate().map_err(|(field, message)| err(field, message))?;
             Ok(Valid { json: to_json(&j), refs: vec![] })
         }
-        Kind::Placements | Kind::ScalingDecisions | Kind::RolloutStates | Kind::ShardMaps => {
+        Kind::Placements | Kind::ScalingDecisions | Kind::RolloutStates | Kind::ShardMaps | Kind::Checkpoints => {
             Err(err("", format!("{kind} are written by {}", kind.written_by().unwrap_or("the control plane"))))
         }
     }

@@ -139,6 +139,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         schedule: tokio::sync::Mutex::new(()),
         autoscale: crate::scaling::Autoscale::new(opts.autoscale_interval),
         rollouts: crate::rollouts::Engine::new(opts.rollout_interval),
+        training: crate::training::Training::default(),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();

@@ -3,7 +3,9 @@
 //!
 //! GET /ready (503 while draining), GET /live, GET /metrics (Prometheus text),
 //! GET /config_dump (snapshot + version), GET /clusters (endpoints, health, ejection, breaker),
-//! POST /drain (stop accepting, finish in-flight).
+//! POST /drain (stop accepting, finish in-flight; a training sidecar calls the trainer's
+//! checkpoint hook first and answers when it is done), /training/* (a training sidecar's
+//! trainer API, `training::api`).
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -45,7 +47,7 @@ pub fn run_control(
                     tokio::spawn(async move {
                         let svc = service_fn(move |req| {
                             let sh = sh.clone();
-                            async move { Ok::<_, std::convert::Infallible>(route(&sh, req)) }
+                            async move { Ok::<_, std::convert::Infallible>(route_async(&sh, req).await) }
                         });
                         let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
                     });
@@ -54,6 +56,23 @@ pub fn run_control(
             }
         }
     });
+}
+
+/// The routes that wait (a training sidecar's long polls and its drain, which calls the
+/// trainer's checkpoint hook first); the rest answer at once.
+async fn route_async(sh: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if let Some(t) = &sh.training {
+        if crate::training::api::serves(req.uri().path()) {
+            return crate::training::api::handle(t, req).await;
+        }
+        if req.method() == Method::POST && req.uri().path() == "/drain" {
+            sh.draining.send_replace(true);
+            tracing::info!("draining: listeners closed, finishing in-flight requests; calling the trainer's checkpoint hook");
+            let training = t.drain("drain").await;
+            return json(StatusCode::OK, serde_json::json!({"draining": true, "training": training}));
+        }
+    }
+    route(sh, req)
 }
 
 fn route(sh: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -100,7 +119,7 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     r
 }
 
-fn json(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
+pub(crate) fn json(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
     let mut body = serde_json::to_vec_pretty(&v).unwrap_or_default();
     body.push(b'\n');
     let mut r = text(status, body);

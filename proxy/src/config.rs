@@ -19,6 +19,9 @@ pub struct Config {
     pub experiments: Vec<Experiment>,
     pub clusters: Vec<Cluster>,
     pub telemetry: Telemetry,
+    /// Present on a training worker's sidecar: the job whose shard map it subscribes to and
+    /// hands to the trainer on loopback (see `training`).
+    pub training: Option<Training>,
 }
 
 /// Workload identity of this sidecar; attached to every metric series and log line.
@@ -437,6 +440,35 @@ impl Default for Otlp {
             headers: BTreeMap::new(),
             resource: BTreeMap::new(),
         }
+    }
+}
+
+/// `training`: this sidecar sits beside one worker of a distributed training job. With
+/// `--xds` it subscribes to the job's shard map and serves the trainer a loopback API on the
+/// admin address (`/training/map`, `/training/ack`, `/training/checkpoint`); its reports
+/// carry the trainer's progress and checkpoints to the control plane. On drain (`POST
+/// /drain`, SIGTERM) it first POSTs the trainer's checkpoint hook and waits for it, up to
+/// `hook_deadline`.
+///
+/// ```yaml
+/// training:
+///   job: llama-ft                         # the trainingjobs/<job> this worker belongs to
+///   worker: llama-ft-3                    # its name in the shard map; default node.id
+///   checkpoint_hook: "http://127.0.0.1:7070/checkpoint"   # empty = no hook
+///   hook_deadline: 60s                    # how long a drain waits for the hook
+/// ```
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Training {
+    pub job: String,
+    pub worker: String,
+    pub checkpoint_hook: String,
+    pub hook_deadline: Dur,
+}
+
+impl Default for Training {
+    fn default() -> Self {
+        Training { job: String::new(), worker: String::new(), checkpoint_hook: String::new(), hook_deadline: Dur::from_millis(60_000) }
     }
 }
 

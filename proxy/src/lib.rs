@@ -10,7 +10,8 @@
 //! - telemetry: Prometheus metrics, tenant cardinality limit, access log, traceparent;
 //! - otlp: OpenTelemetry spans (server, upstream tries, shadow copies) exported over OTLP/gRPC;
 //! - server, admin, reload, worker: sockets, the admin API, hot reload, per-core workers;
-//! - xds: the control-plane client (ADS), pushes validated and swapped like a reload.
+//! - xds: the control-plane client (ADS), pushes validated and swapped like a reload;
+//! - training: a training worker's sidecar: shard map, checkpoints and the trainer's API.
 
 pub mod admin;
 pub mod assign;
@@ -35,6 +36,7 @@ pub mod shadow;
 pub mod sketch;
 pub mod snapshot;
 pub mod telemetry;
+pub mod training;
 pub mod window;
 pub mod worker;
 pub mod xds;
@@ -56,6 +58,8 @@ pub struct Shared {
     pub shadows_in_flight: AtomicUsize,
     /// `true` once draining: listeners stop accepting, connections close when idle.
     pub draining: tokio::sync::watch::Sender<bool>,
+    /// Present on a training worker's sidecar (config `training`).
+    pub training: Option<Arc<training::Trainer>>,
     reload_lock: Mutex<()>,
     /// Listener and admin addresses as first configured (maybe `:0`), so a reloaded file that
     /// still says `:0` is accepted as "unchanged".
@@ -63,8 +67,15 @@ pub struct Shared {
 }
 
 impl Shared {
-    fn new(snapshot: Snapshot, telemetry: Telemetry, workers: usize, configured: (Vec<String>, String)) -> Shared {
+    fn new(
+        snapshot: Snapshot,
+        telemetry: Telemetry,
+        workers: usize,
+        configured: (Vec<String>, String),
+        training: Option<Arc<training::Trainer>>,
+    ) -> Shared {
         Shared {
+            training,
             configured,
             snapshot: ArcSwap::from_pointee(snapshot),
             telemetry,
@@ -113,6 +124,9 @@ impl Shared {
             });
         if !same_listeners {
             return Err("listeners: names and addresses cannot change on reload; restart the proxy to change them".into());
+        }
+        if cfg.training != cur.config.training {
+            return Err("training: cannot change on reload; restart the proxy to change it".into());
         }
         if cfg.admin.address != cur.config.admin.address && &cfg.admin.address != first_admin {
             return Err("admin.address: cannot change on reload; restart the proxy".into());

@@ -57,6 +57,10 @@ impl Proxy {
         if let Some(x) = &opts.xds {
             x.check(&cfg)?;
         }
+        let training = match &cfg.training {
+            None => None,
+            Some(t) => Some(Arc::new(crate::training::Trainer::from_config(t, &cfg.node.id)?)),
+        };
         let telemetry = Telemetry::new(&cfg.node);
         let snap = Snapshot::compile(cfg.clone(), None, workers, &telemetry)?;
         telemetry.configure(&cfg.telemetry)?;
@@ -86,7 +90,7 @@ impl Proxy {
         let mut snap = snap;
         snap.config = cfg;
 
-        let shared = Arc::new(Shared::new(snap, telemetry, workers, configured));
+        let shared = Arc::new(Shared::new(snap, telemetry, workers, configured, training));
         let (stop, _) = tokio::sync::watch::channel(false);
         let mut threads = Vec::new();
         for (id, socks) in sockets.into_iter().enumerate() {

@@ -193,6 +193,7 @@ fn local_proxies(st: &AppState) -> Vec<Value> {
                 "nack": nack,
                 "registration": report.as_ref().and_then(|r| r.registration.clone()),
                 "phi": report.as_ref().and_then(|r| r.phi),
+                "training": report.as_ref().and_then(|r| r.training.clone()),
                 "load": report.map(|r| r.load).unwrap_or_default(),
             })
         })
@@ -207,6 +208,7 @@ fn local_proxies(st: &AppState) -> Vec<Value> {
             "nack": null,
             "registration": r.registration,
             "phi": r.phi,
+            "training": r.training,
             "load": r.load,
         })
     }));

@@ -64,6 +64,8 @@ pub struct AppState {
     pub autoscale: crate::scaling::Autoscale,
     /// The rollout engine's memory (used while this node leads).
     pub rollouts: crate::rollouts::Engine,
+    /// The training loop's memory (used while this node leads).
+    pub training: crate::training::Training,
 }
 
 impl AppState {

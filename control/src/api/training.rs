@@ -1,4 +1,5 @@
-//! `GET /v1/training/{job}` (the job, its current shard map per rank) and
+//! `GET /v1/training/{job}` (the job, its current shard map per rank, each worker's trainer as
+//! its sidecar reports it, and the complete checkpoints) and
 //! `POST /v1/training/{job}/scale` (`{"workers": N}`: a conditional write of the job's worker
 //! count; the leader computes the next map within a second).
 
@@ -30,6 +31,8 @@ pub async fn status(State(st): State<Arc<AppState>>, Path(name): Path<String>) -
     let (spec, revision) = job(&st, &name)?;
     let (map, map_revision) = crate::training::stored_map(&st, &name)?;
     let current = map.as_ref().is_some_and(|m| m.job_revision == revision);
+    let (checkpoints, _) = crate::training::stored_checkpoints(&st, &name)?;
+    let workers = crate::training::workers(&st).await.remove(&name).unwrap_or_default();
     Ok(Json(json!({
         "job": name,
         "revision": revision,
@@ -40,7 +43,9 @@ pub async fn status(State(st): State<Arc<AppState>>, Path(name): Path<String>) -
         "map_revision": map_revision,
         // False while the leader computes the map of a changed job.
         "map_current": current,
-        "checkpoints": Value::Null,
+        "completed": map.as_ref().is_some_and(|m| m.completed.is_some()),
+        "checkpoints": checkpoints,
+        "trainers": workers,
     })))
 }
 

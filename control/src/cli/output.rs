@@ -154,6 +154,13 @@ pub fn summary(kind: Kind, spec: &Value) -> String {
             cell(&spec["global_batch"])
         ),
         Kind::ShardMaps => format!("version={} workers={} moved={}", cell(&spec["version"]), cell(&spec["workers"]), cell(&spec["moved"])),
+        Kind::Checkpoints => format!(
+            "last step={} map={} ranks={}{}",
+            cell(&spec["last"]["step"]),
+            cell(&spec["last"]["map_version"]),
+            spec["last"]["parts"].as_array().map_or(0, Vec::len),
+            if spec["last"]["final"] == serde_json::Value::Bool(true) { " (final)" } else { "" }
+        ),
         Kind::Placements => {
             let nodes: Vec<String> = spec["allocations"]
                 .as_array()

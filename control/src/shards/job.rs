@@ -3,10 +3,13 @@
 //! the next map from the job and the previous map (sticky data shards, the exact batch split,
 //! the model layout).
 
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 
 use super::batch::{RankBatch, split};
 use super::data::{Assignment, Shard, assign, moved};
+use super::checkpoint::Manifest;
 use super::layout::{LayoutSpec, RankLayout, plan};
 
 /// The model layout knobs of a job (the worker count comes from the job).
@@ -72,6 +75,19 @@ pub struct JobSpec {
     /// Size cap slack of the data-shard placement.
     #[serde(default = "default_slack")]
     pub slack: f64,
+    /// Every rank checkpoints at multiples of this step (the coordinated barrier steps).
+    #[serde(default = "default_checkpoint_every")]
+    pub checkpoint_every: u64,
+    /// A rank whose trainer has not called its sidecar for this long is dead (seconds).
+    #[serde(default = "default_dead_after")]
+    pub dead_after_s: f64,
+    /// A new member whose trainer never showed up within this is dead (seconds).
+    #[serde(default = "default_start_grace")]
+    pub start_grace_s: f64,
+    /// On a requested rescale, how long to wait for a fresh complete checkpoint before
+    /// switching maps anyway (from the last complete one); seconds.
+    #[serde(default = "default_rescale_wait")]
+    pub rescale_wait_s: f64,
 }
 
 fn default_micro() -> u64 {
@@ -80,6 +96,21 @@ fn default_micro() -> u64 {
 fn default_slack() -> f64 {
     0.05
 }
+fn default_checkpoint_every() -> u64 {
+    100
+}
+fn default_dead_after() -> f64 {
+    30.0
+}
+fn default_start_grace() -> f64 {
+    300.0
+}
+fn default_rescale_wait() -> f64 {
+    60.0
+}
+
+/// Longest accepted wait or deadline (a day): keeps the detector's arithmetic finite.
+const MAX_WAIT_S: f64 = 86_400.0;
 
 impl JobSpec {
     /// Checks every field by computing the map it asks for; the error names the field.
@@ -92,6 +123,14 @@ impl JobSpec {
         }
         if !(self.slack.is_finite() && (0.0..=1.0).contains(&self.slack)) {
             return Err(("slack", format!("{} is not in [0, 1]", self.slack)));
+        }
+        if self.checkpoint_every == 0 {
+            return Err(("checkpoint_every", "must be at least 1 step".into()));
+        }
+        for (field, v) in [("dead_after_s", self.dead_after_s), ("start_grace_s", self.start_grace_s), ("rescale_wait_s", self.rescale_wait_s)] {
+            if !(v.is_finite() && v > 0.0 && v <= MAX_WAIT_S) {
+                return Err((field, format!("{v} is not in (0, {MAX_WAIT_S}] seconds")));
+            }
         }
         let dp = self.data_parallel().map_err(|e| ("model", e))?;
         split(self.global_batch, u64::from(dp), self.max_micro_batch).map_err(|e| ("global_batch", e))?;
@@ -130,6 +169,9 @@ pub struct RankMap {
     pub rank: u32,
     pub worker: String,
     pub shards: Vec<String>,
+    /// The sizes of `shards`, in order.
+    #[serde(default)]
+    pub shard_sizes: Vec<u64>,
     pub shard_bytes: u64,
     /// The data-parallel replica's batch (shared by the ranks of one replica).
     pub batch: RankBatch,
@@ -147,6 +189,19 @@ pub struct ShardMapRecord {
     pub ranks: Vec<RankMap>,
     /// Share of shards that changed owner against the previous map.
     pub moved: f64,
+    /// The index the next new worker name gets (`<job>-<index>`): names are never reused,
+    /// so a dead worker's name cannot come back as a member.
+    #[serde(default)]
+    pub next_worker: u32,
+    /// Barrier step period (from the job).
+    #[serde(default = "default_checkpoint_every")]
+    pub checkpoint_every: u64,
+    /// Where every rank starts this map: the last complete checkpoint when it was made.
+    #[serde(default)]
+    pub resume: Option<Manifest>,
+    /// Set once the job's last step is checkpointed by every rank.
+    #[serde(default)]
+    pub completed: Option<Manifest>,
 }
 
 impl ShardMapRecord {
@@ -157,6 +212,9 @@ impl ShardMapRecord {
             version: self.version,
             workers: self.workers,
             global_batch: self.global_batch,
+            checkpoint_every: self.checkpoint_every,
+            resume: self.resume.as_ref().map(Manifest::to_xds),
+            completed: self.completed.as_ref().map(Manifest::to_xds),
             ranks: self
                 .ranks
                 .iter()
@@ -175,27 +233,51 @@ impl ShardMapRecord {
                     partition_start: r.layout.partition.0,
                     partition_end: r.layout.partition.1,
                     owns: r.layout.owns.clone(),
+                    shard_sizes: r.shard_sizes.clone(),
                 })
                 .collect(),
         }
     }
 }
 
-/// Worker names of a job of `n` ranks.
-pub fn worker_names(job: &str, n: u32) -> Vec<String> {
-    (0..n).map(|i| format!("{job}-{i}")).collect()
+/// The workers of the next map, in rank order, and the next fresh name index: the previous
+/// members that are not `dead`, in their old rank order, cut to `n` (the highest ranks
+/// leave first) or topped up with fresh names `<job>-<index>`.
+pub fn members(job: &str, n: u32, prev: Option<&ShardMapRecord>, dead: &BTreeSet<String>) -> (Vec<String>, u32) {
+    let mut names: Vec<String> = Vec::new();
+    for r in prev.map(|p| p.ranks.as_slice()).unwrap_or_default() {
+        if !dead.contains(&r.worker) && !names.contains(&r.worker) {
+            names.push(r.worker.clone());
+        }
+    }
+    names.truncate(n as usize);
+    let mut next = prev.map_or(0, |p| p.next_worker);
+    while names.len() < n as usize {
+        let name = format!("{job}-{next}");
+        next += 1;
+        if !names.contains(&name) && !dead.contains(&name) {
+            names.push(name);
+        }
+    }
+    (names, next)
 }
 
 /// The next map for `spec` (named `job`, at `job_revision`), moving as few shards as possible
-/// from `prev`.
-pub fn next_map(job: &str, spec: &JobSpec, job_revision: u64, prev: Option<&ShardMapRecord>) -> Result<ShardMapRecord, String> {
+/// from `prev` and leaving out the `dead` workers.
+pub fn next_map(
+    job: &str,
+    spec: &JobSpec,
+    job_revision: u64,
+    prev: Option<&ShardMapRecord>,
+    dead: &BTreeSet<String>,
+) -> Result<ShardMapRecord, String> {
     spec.validate().map_err(|(f, e)| format!("{f}: {e}"))?;
     let shards = spec.shards();
     // Data shards go to data-parallel replicas (every rank of a replica reads the same data);
     // a replica is named after its first worker.
     let dp = spec.data_parallel()?;
     let per = spec.workers / dp;
-    let names = worker_names(job, spec.workers);
+    let (names, next_worker) = members(job, spec.workers, prev, dead);
     let replicas: Vec<String> = (0..dp).map(|d| names[(d * per) as usize].clone()).collect();
     let prev_assignment: Option<Assignment> = prev.map(|p| {
         p.ranks.iter().filter(|r| r.layout.tp_index == 0 && r.layout.stage == 0).flat_map(|r| r.shards.iter().map(move |s| (s.clone(), r.worker.clone()))).collect()
@@ -212,6 +294,7 @@ pub fn next_map(job: &str, spec: &JobSpec, job_revision: u64, prev: Option<&Shar
             RankMap {
                 rank: l.rank,
                 worker: names[l.rank as usize].clone(),
+                shard_sizes: mine.iter().map(|s| size[s.as_str()]).collect(),
                 shard_bytes: mine.iter().map(|s| size[s.as_str()]).sum(),
                 shards: mine,
                 batch: batches[l.dp_index as usize].clone(),
@@ -226,6 +309,10 @@ pub fn next_map(job: &str, spec: &JobSpec, job_revision: u64, prev: Option<&Shar
         global_batch: spec.global_batch,
         ranks,
         moved: prev_assignment.as_ref().map_or(0.0, |p| moved(p, &assignment)),
+        next_worker,
+        checkpoint_every: spec.checkpoint_every,
+        resume: None,
+        completed: None,
     })
 }
 
@@ -240,9 +327,10 @@ mod tests {
 
     #[test]
     fn rescales_keep_the_batch_and_move_few_shards() {
-        let m4 = next_map("j", &spec(4), 1, None).unwrap();
-        let m6 = next_map("j", &spec(6), 2, Some(&m4)).unwrap();
-        let m3 = next_map("j", &spec(3), 3, Some(&m6)).unwrap();
+        let none = BTreeSet::new();
+        let m4 = next_map("j", &spec(4), 1, None, &none).unwrap();
+        let m6 = next_map("j", &spec(6), 2, Some(&m4), &none).unwrap();
+        let m3 = next_map("j", &spec(3), 3, Some(&m6), &none).unwrap();
         for m in [&m4, &m6, &m3] {
             assert_eq!(m.ranks.iter().map(|r| r.batch.samples).sum::<u64>(), 1000, "global batch exact");
             let mut all: Vec<&String> = m.ranks.iter().flat_map(|r| &r.shards).collect();
@@ -255,6 +343,28 @@ mod tests {
     }
 
     #[test]
+    fn a_dead_worker_leaves_and_its_name_never_comes_back() {
+        let none = BTreeSet::new();
+        let m6 = next_map("j", &spec(6), 1, None, &none).unwrap();
+        let dead = BTreeSet::from(["j-2".to_string()]);
+        let m5 = next_map("j", &spec(5), 2, Some(&m6), &dead).unwrap();
+        let names: Vec<&str> = m5.ranks.iter().map(|r| r.worker.as_str()).collect();
+        assert_eq!(names, vec!["j-0", "j-1", "j-3", "j-4", "j-5"], "survivors keep their order; ranks close up");
+        assert_eq!(m5.ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+        let m7 = next_map("j", &spec(7), 3, Some(&m5), &none).unwrap();
+        let names: Vec<&str> = m7.ranks.iter().map(|r| r.worker.as_str()).collect();
+        assert_eq!(names, vec!["j-0", "j-1", "j-3", "j-4", "j-5", "j-6", "j-7"], "fresh names, not the dead j-2");
+        // Shards move away from the dead worker only (plus the capped rebalancing).
+        let owner = |m: &ShardMapRecord, s: &str| m.ranks.iter().find(|r| r.shards.iter().any(|x| x == s)).unwrap().worker.clone();
+        let of_dead: Vec<String> = m6.ranks[2].shards.clone();
+        assert!(of_dead.iter().all(|s| owner(&m5, s) != "j-2"));
+        assert!(m5.moved > 0.1 && m5.moved < 0.3, "about a sixth moved: {}", m5.moved);
+        for r in &m5.ranks {
+            assert_eq!(r.shard_sizes.iter().sum::<u64>(), r.shard_bytes, "sizes ride with the shard ids");
+        }
+    }
+
+    #[test]
     fn a_layout_that_does_not_fit_names_the_field() {
         let mut s = spec(6);
         s.model.tensor_parallel = 4;
@@ -262,5 +372,11 @@ mod tests {
         let mut s = spec(4);
         s.global_batch = 2;
         assert_eq!(s.validate().unwrap_err().0, "global_batch");
+        let mut s = spec(4);
+        s.dead_after_s = f64::NAN;
+        assert_eq!(s.validate().unwrap_err().0, "dead_after_s");
+        let mut s = spec(4);
+        s.checkpoint_every = 0;
+        assert_eq!(s.validate().unwrap_err().0, "checkpoint_every");
     }
 }

@@ -135,6 +135,11 @@ fn run(args: Args) -> Result<(), String> {
     }
     tracing::info!(address = %proxy.admin_addr, "admin API");
     wait_for_stop();
+    if let Some(t) = proxy.shared.training.clone() {
+        // A training worker's trainer checkpoints before its node goes (preemption notice).
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        rt.block_on(t.drain("SIGTERM"));
+    }
     tracing::info!("stopping: draining in-flight requests");
     let shared = proxy.shared.clone();
     proxy.shutdown(grace);

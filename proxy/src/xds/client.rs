@@ -13,6 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 use weft_xds::subscription::{SotwClient, Verdict};
 use weft_xds::transport::{AggregatedDiscoveryServiceClient, DiscoveryRequest, DiscoveryResponse, Node};
+use weft_xds::typeurl;
 
 use super::convert::SUBSCRIBED;
 use super::state::State;
@@ -162,7 +163,12 @@ impl Client {
             self.sotw.reconnect()
         } else {
             self.subscribed = true;
-            SUBSCRIBED.iter().map(|t| self.sotw.subscribe(t, vec![])).collect()
+            let mut v: Vec<DiscoveryRequest> = SUBSCRIBED.iter().map(|t| self.sotw.subscribe(t, vec![])).collect();
+            // A training sidecar also wants its job's shard map (and only that one).
+            if let Some(t) = &self.sh.training {
+                v.push(self.sotw.subscribe(typeurl::SHARD_MAP, vec![t.job()]));
+            }
+            v
         };
         for request in opening {
             // The channel is empty and larger than the number of subscribed types.
@@ -219,6 +225,17 @@ impl Client {
                 }
             }
             *received = true;
+            // Shard maps are the trainer's, not routing config: decided on their own.
+            let (maps, mut batch): (Vec<_>, Vec<_>) = batch.into_iter().partition(|r| r.type_url == typeurl::SHARD_MAP);
+            if let Some(t) = &self.sh.training {
+                let answers = maps.into_iter().map(|r| {
+                    let v = t.absorb(&r.resources);
+                    (r, v)
+                });
+                if let Err(why) = send_all(&tx, self.answer(answers.collect())).await {
+                    return why;
+                }
+            }
             batch.retain(|r| {
                 let ours = SUBSCRIBED.contains(&r.type_url.as_str());
                 if !ours {

@@ -1,7 +1,8 @@
 //! The sidecar's report stream to the control node it is connected to, beside the ADS stream
 //! on the same gRPC connection: the first report registers the inbound endpoint this sidecar
 //! fronts (if configured), and every `interval` a report carries a heartbeat (for the control
-//! plane's phi-accrual fault detector) and the per-variant load since the previous report.
+//! plane's phi-accrual fault detector) and the per-variant load since the previous report;
+//! a training sidecar's reports also carry its trainer's state (`training`).
 //!
 //! The stream lives and dies with the ADS session: when the control node goes, both end and
 //! the next session (possibly on another node) registers again.
@@ -80,7 +81,8 @@ pub async fn run(
     let (tx, rx) = mpsc::channel::<v1::SidecarReport>(4);
     let mut client = SidecarReportsClient::new(channel);
     let mut last = sh.telemetry.variant_totals();
-    let first = v1::SidecarReport { node_id: node_id.clone(), registration, seq: 1, load: vec![] };
+    let training = |sh: &Shared| sh.training.as_ref().map(|t| t.report());
+    let first = v1::SidecarReport { node_id: node_id.clone(), registration, seq: 1, load: vec![], training: training(&sh) };
     let _ = tx.try_send(first);
     let mut acks = match client.report(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
@@ -95,7 +97,8 @@ pub async fn run(
             _ = tick.tick() => {
                 seq += 1;
                 let now = sh.telemetry.variant_totals();
-                let report = v1::SidecarReport { node_id: node_id.clone(), registration: None, seq, load: load_delta(&last, &now, &gauges(&sh)) };
+                let load = load_delta(&last, &now, &gauges(&sh));
+                let report = v1::SidecarReport { node_id: node_id.clone(), registration: None, seq, load, training: training(&sh) };
                 last = now;
                 if tx.send(report).await.is_err() {
                     return "report stream closed".into();
