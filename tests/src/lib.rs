@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 pub mod procs;
+pub mod toy;
 
 pub type Body = BoxBody<Bytes, Infallible>;
 

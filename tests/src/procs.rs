@@ -181,6 +181,48 @@ pub async fn leader_of(c: &HttpClient, nodes: &[ControlProc]) -> Option<u64> {
     None
 }
 
+/// Runs `weftctl --server http://<node> ARGS` and returns its stdout; panics if it fails.
+pub fn weftctl(node: &ControlProc, args: &[&str]) -> String {
+    let o = Command::new(workspace_bin("weftctl"))
+        .arg("--server")
+        .arg(format!("http://{}", node.api))
+        .args(args)
+        .output()
+        .expect("weftctl runs");
+    assert!(o.status.success(), "weftctl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A `weft-toy-trainer` process beside a training sidecar; its log goes to `<dir>/<worker>.log`.
+pub struct TrainerProc {
+    pub worker: String,
+    pub log: PathBuf,
+    pub child: Child,
+}
+
+impl TrainerProc {
+    pub fn start(worker: &str, sidecar_admin: SocketAddr, dir: &Path, step_ms: u64, hook: Option<SocketAddr>) -> TrainerProc {
+        std::fs::create_dir_all(dir).unwrap();
+        let log = dir.join(format!("{worker}.log"));
+        let mut cmd = Command::new(workspace_bin("weft-toy-trainer"));
+        cmd.arg("--sidecar").arg(sidecar_admin.to_string()).arg("--dir").arg(dir.join("ckpt")).args(["--step-ms", &step_ms.to_string()]);
+        if let Some(h) = hook {
+            cmd.args(["--hook", &h.to_string()]);
+        }
+        let child = cmd.stdin(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().expect("spawn weft-toy-trainer");
+        TrainerProc { worker: worker.into(), log, child: Child(child) }
+    }
+
+    /// Whether it is still running (reaps it if not).
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.0.try_wait(), Ok(None))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
 /// A `weft-proxy` process whose bootstrap has only node id, admin and one outbound listener;
 /// everything it routes comes from the control plane (or its saved snapshot).
 pub struct SidecarProc {
@@ -217,6 +259,19 @@ impl SidecarProc {
                  listeners: [{{name: in, address: \"{listen}\", direction: inbound}}]\n\
                  services: [{{name: local, hosts: [\"*\"], listeners: [in], routes: [{{name: r, cluster: local}}]}}]\n\
                  clusters: [{{name: local, endpoints: [\"{model}\"]}}]\n"
+            )
+        }, extra)
+    }
+
+    /// A training worker's sidecar: subscribes to `job`'s shard map and serves the trainer
+    /// API on its admin address; reports every 200 ms; `hook` = the trainer's checkpoint hook.
+    pub fn training(worker: &str, dir: &Path, control: &[&ControlProc], job: &str, hook: Option<SocketAddr>) -> SidecarProc {
+        let extra = ["--report-interval", "200ms"].map(String::from).to_vec();
+        let hook = hook.map(|h| format!(", checkpoint_hook: \"http://{h}/checkpoint\", hook_deadline: 10s")).unwrap_or_default();
+        Self::launch(worker, dir, control, |admin, listen| {
+            format!(
+                "node: {{id: {worker}, job_type: training}}\nadmin: {{address: \"{admin}\"}}\n\
+                 listeners: [{{name: out, address: \"{listen}\"}}]\ntraining: {{job: {job}{hook}}}\n"
             )
         }, extra)
     }

@@ -9,7 +9,6 @@
 //!
 //! Each decision is in the rollout's history and `weftctl experiment status` shows the verdict.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::{Duration, Instant};
@@ -42,16 +41,6 @@ async fn status_of(c: &HttpClient, addr: std::net::SocketAddr, host: &str) -> Op
     }
 }
 
-fn weftctl(node: &ControlProc, args: &[&str]) -> String {
-    let o = Command::new(workspace_bin("weftctl"))
-        .arg("--server")
-        .arg(format!("http://{}", node.api))
-        .args(args)
-        .output()
-        .expect("weftctl runs");
-    assert!(o.status.success(), "weftctl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worse_candidate_is_rolled_back_and_a_good_one_promoted_step_by_step() {

@@ -67,7 +67,9 @@ fn error(status: StatusCode, field: &str, message: String) -> Response<Full<Byte
 fn answer(r: Result<serde_json::Value, super::state::Refused>) -> Response<Full<Bytes>> {
     match r {
         Ok(v) => json(StatusCode::OK, v),
-        Err(e) => error(StatusCode::CONFLICT, e.field, e.message),
+        // A stale map version conflicts with what the sidecar holds; anything else is invalid.
+        Err(e) if e.field == "version" => error(StatusCode::CONFLICT, e.field, e.message),
+        Err(e) => error(StatusCode::UNPROCESSABLE_ENTITY, e.field, e.message),
     }
 }
 
@@ -78,6 +80,23 @@ async fn body<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<
         .map_err(|e| error(StatusCode::PAYLOAD_TOO_LARGE, "body", format!("unreadable or over {MAX_BODY} bytes: {e}")))?
         .to_bytes();
     serde_json::from_slice(&bytes).map_err(|e| error(StatusCode::BAD_REQUEST, "body", format!("invalid JSON: {e}")))
+}
+
+/// An open long poll; closed on drop, also when the trainer hangs up and the request's
+/// future is dropped mid-wait (a dead trainer must not look alive forever).
+struct Poll<'a>(&'a Trainer);
+
+impl<'a> Poll<'a> {
+    fn open(t: &'a Trainer) -> Poll<'a> {
+        t.state.lock().unwrap().polling(true, Instant::now());
+        Poll(t)
+    }
+}
+
+impl Drop for Poll<'_> {
+    fn drop(&mut self) {
+        self.0.state.lock().unwrap().polling(false, Instant::now());
+    }
 }
 
 /// `after` and `wait` from the query string.
@@ -109,6 +128,7 @@ async fn map(t: &Trainer, query: &str) -> Response<Full<Bytes>> {
     let newer = |rev: u64| after.is_none_or(|a| rev > a) && rev > 0;
     let mut rx = t.changed.subscribe();
     if !newer(*rx.borrow_and_update()) && !wait.is_zero() {
+        let _open = Poll::open(t);
         let _ = tokio::time::timeout(wait, rx.wait_for(|r| newer(*r))).await;
     }
     let s = t.state.lock().unwrap();

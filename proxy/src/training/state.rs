@@ -25,6 +25,8 @@ pub struct State {
     acked: u64,
     step: u64,
     last_call: Option<Instant>,
+    /// Long polls the trainer has open: it is alive while it waits on one.
+    polls: u32,
     checkpoints: VecDeque<v1::CheckpointReport>,
     draining: bool,
     ready_to_stop: bool,
@@ -71,6 +73,7 @@ impl State {
             acked: 0,
             step: 0,
             last_call: None,
+            polls: 0,
             checkpoints: VecDeque::new(),
             draining: false,
             ready_to_stop: false,
@@ -103,6 +106,12 @@ impl State {
 
     /// A call from the trainer: it is alive.
     pub fn touch(&mut self, now: Instant) {
+        self.last_call = Some(now);
+    }
+
+    /// A long poll opens (`true`) or ends (`false`).
+    pub fn polling(&mut self, open: bool, now: Instant) {
+        self.polls = if open { self.polls + 1 } else { self.polls.saturating_sub(1) };
         self.last_call = Some(now);
     }
 
@@ -152,7 +161,10 @@ impl State {
             worker: self.worker.clone(),
             map_version: self.acked,
             step: self.step,
-            trainer_idle_ms: self.last_call.map_or(0, |t| now.saturating_duration_since(t).as_millis() as u64),
+            trainer_idle_ms: match self.last_call {
+                Some(t) if self.polls == 0 => now.saturating_duration_since(t).as_millis() as u64,
+                _ => 0,
+            },
             trainer_seen: self.last_call.is_some(),
             checkpoints: self.checkpoints.iter().cloned().collect(),
             draining: self.draining,
@@ -299,6 +311,10 @@ mod tests {
         assert_eq!((r.map_version, r.step, r.trainer_seen, r.trainer_idle_ms), (4, 200, true, 1500));
         assert_eq!(r.checkpoints.len(), KEPT_CHECKPOINTS, "the newest few only");
         assert_eq!(r.checkpoints.last().unwrap().location, "/ck/200");
+        s.polling(true, t0);
+        assert_eq!(s.report(t0 + Duration::from_secs(20)).trainer_idle_ms, 0, "waiting on a long poll is alive");
+        s.polling(false, t0 + Duration::from_secs(20));
+        assert_eq!(s.report(t0 + Duration::from_secs(21)).trainer_idle_ms, 1000);
         assert_eq!(s.last_checkpoint(), Some(200));
     }
 }
