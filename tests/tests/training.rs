@@ -4,8 +4,8 @@
 //! restarts from the last complete checkpoint on every new map). The test is the launcher: it
 //! starts a sidecar and a trainer for every worker a map names, once.
 //!
-//! The job is scaled 4 → 6, one rank's trainer is killed (the fault detector drops it: 5),
-//! then scaled to 3; the final result must equal the single-process fold over the whole
+//! The job is scaled 4 → 6, one rank's trainer is killed (the fault detector drops it: 5), a
+//! coordinated checkpoint is asked for at a step the control plane picks, then it is scaled to 3; the final result must equal the single-process fold over the whole
 //! dataset (no shard lost or counted twice), and the map after the kill must have restarted
 //! every rank from the last complete checkpoint while the survivors had run past it.
 
@@ -147,6 +147,17 @@ async fn a_job_scaled_4_6_3_with_a_rank_killed_trains_every_record_exactly_once(
 
     // Scale to 3, then run to the end.
     let st = until(&c, &node, &mut l, "a checkpoint under map v3", limit, |s| s["checkpoints"]["last"]["map_version"] == 3).await;
+    assert_eq!(st["completed"], false, "the job must still be running");
+    // A coordinated checkpoint on request: the control plane picks the step, every rank takes it.
+    let (s, asked) = api(&c, Method::POST, node.api, &format!("/v1/training/{JOB}/checkpoint"), Some(json!({"after_steps": 23}))).await;
+    assert_eq!(s, StatusCode::OK, "{asked}");
+    let k = asked["step"].as_u64().unwrap();
+    assert_eq!(k, asked["furthest_rank_step"].as_u64().unwrap() + 23);
+    let st = until(&c, &node, &mut l, "a complete checkpoint at or after the requested step", limit, |s| last_step(s).is_some_and(|x| x >= k)).await;
+    let files: Vec<String> = std::fs::read_dir(l.dir.join("ckpt").join(JOB)).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    for rank in 0..5 {
+        assert!(files.iter().any(|f| f.starts_with(&format!("m3-s{k}-r{rank}-"))), "rank {rank} checkpointed at the requested step {k}");
+    }
     assert_eq!(st["completed"], false, "the job must still be running to scale it to 3");
     weftctl(&node, &["training", "scale", JOB, "--workers", "3"]);
     let st = until(&c, &node, &mut l, "map v4 for 3 workers", limit, |s| s["map"]["version"] == 4).await;

@@ -259,6 +259,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/rollout/{name}/{action}", post(rollout::command))
         .route("/v1/training/{name}", get(training::status))
         .route("/v1/training/{name}/scale", post(training::scale))
+        .route("/v1/training/{name}/checkpoint", post(training::checkpoint))
         .route("/v1/{kind}", get(crud::list))
         .route("/v1/{kind}/{name}", get(crud::get).put(crud::put).delete(crud::delete))
         .route("/v1/{kind}/{name}/history", get(crud::history))

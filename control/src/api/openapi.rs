@@ -131,6 +131,11 @@ pub async fn document() -> Json<Value> {
                 "requestBody": body(json!({"type": "object", "required": ["workers"], "additionalProperties": false, "properties": {
                     "workers": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}}})),
                 "responses": responses(json!({"type": "object"}))}},
+            "/v1/training/{name}/checkpoint": {"post": {"summary": "Ask every rank of a training job to checkpoint at a step the control plane picks, a few steps past the furthest rank",
+                "parameters": [name.clone()],
+                "requestBody": body(json!({"type": "object", "additionalProperties": false, "properties": {
+                    "after_steps": {"type": "integer", "minimum": 0, "maximum": 18446744073709551615u64}}})),
+                "responses": responses(json!({"type": "object"}))}},
             "/v1/status": {"get": {"summary": "This node's Raft role, term and applied index", "responses": responses(json!({"type": "object"}))}},
             "/v1/proxies": {"get": {"summary": "Connected sidecars: control node, ACKed versions, last NACK", "parameters": [
                 {"name": "scope", "in": "query", "required": false, "schema": {"type": "string", "enum": ["cluster", "local"]}}],

@@ -1,7 +1,8 @@
 //! `GET /v1/training/{job}` (the job, its current shard map per rank, each worker's trainer as
 //! its sidecar reports it, and the complete checkpoints) and
 //! `POST /v1/training/{job}/scale` (`{"workers": N}`: a conditional write of the job's worker
-//! count; the leader computes the next map within a second).
+//! count; the leader computes the next map within a second), and
+//! `POST /v1/training/{job}/checkpoint` (a coordinated checkpoint a few steps ahead).
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use serde_json::{Value, json};
 use super::{ApiError, ApiResult, AppState};
 use crate::resources::Kind;
 use crate::shards::job::JobSpec;
-use crate::store::StoreError;
+use crate::store::{Command, StoreError};
 
 fn job(st: &AppState, name: &str) -> ApiResult<(JobSpec, u64)> {
     let Some(r) = st.node.local().get(Kind::TrainingJobs.as_str(), name).map_err(StoreError::from)? else {
@@ -47,6 +48,53 @@ pub async fn status(State(st): State<Arc<AppState>>, Path(name): Path<String>) -
         "checkpoints": checkpoints,
         "trainers": workers,
     })))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointNow {
+    /// How many steps past the furthest rank the barrier goes (default 5): far enough that
+    /// every rank sees the map before it gets there.
+    pub after_steps: Option<u64>,
+}
+
+/// `POST /v1/training/{job}/checkpoint`: the control plane picks a barrier step k a few steps
+/// past the furthest rank of the current map and pushes it in the map; every rank
+/// checkpoints at k, and the checkpoint completes like the periodic ones.
+pub async fn checkpoint(State(st): State<Arc<AppState>>, Path(name): Path<String>, body: Bytes) -> ApiResult<Json<Value>> {
+    let req: CheckpointNow = if body.is_empty() {
+        CheckpointNow::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "after_steps", format!("body: {e}")))?
+    };
+    let after = req.after_steps.unwrap_or(5);
+    if !(1..=1_000_000).contains(&after) {
+        return Err(ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, "after_steps", format!("{after} is not in 1..=1000000")));
+    }
+    st.node.linearize().await?;
+    job(&st, &name)?;
+    let (map, map_revision) = crate::training::stored_map(&st, &name)?;
+    let Some(mut map) = map else {
+        return Err(ApiError::field(StatusCode::CONFLICT, "name", format!("trainingjobs/{name} has no shard map yet")));
+    };
+    if map.completed.is_some() {
+        return Err(ApiError::field(StatusCode::CONFLICT, "name", format!("trainingjobs/{name} is completed")));
+    }
+    let trainers = crate::training::workers(&st).await.remove(&name).unwrap_or_default();
+    let furthest = map.ranks.iter().filter_map(|r| trainers.get(&r.worker)).filter(|t| t.map_version == map.version).map(|t| t.step).max();
+    let Some(furthest) = furthest else {
+        return Err(ApiError::field(
+            StatusCode::CONFLICT,
+            "name",
+            format!("no rank of trainingjobs/{name} has acknowledged map version {} yet", map.version),
+        ));
+    };
+    let step = furthest.saturating_add(after);
+    map.checkpoint_at = Some(step);
+    let value_json = serde_json::to_string(&map).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    let cmd = Command::Put { kind: Kind::ShardMaps.as_str().into(), name: name.clone(), value_json, expect_revision: Some(map_revision) };
+    let revision = st.node.write(cmd).await?;
+    Ok(Json(json!({"job": name, "map_version": map.version, "step": step, "furthest_rank_step": furthest, "revision": revision})))
 }
 
 #[derive(Debug, Deserialize)]

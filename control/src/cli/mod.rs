@@ -164,6 +164,14 @@ pub enum TrainingCommand {
         #[arg(long)]
         workers: u32,
     },
+    /// Ask every rank to checkpoint at a step the control plane picks (a few steps past the
+    /// furthest rank); `training status` shows when it is complete.
+    Checkpoint {
+        job: String,
+        /// Steps past the furthest rank.
+        #[arg(long, default_value_t = 5)]
+        after_steps: u64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -487,6 +495,15 @@ pub async fn run(args: Args) -> Result<(), CliError> {
             let job = parse_name(&job)?;
             let body = call(&mut c, Method::POST, &format!("/v1/training/{job}/scale"), Some(&json!({ "workers": workers }))).await?;
             show(format, &body, |b| format!("trainingjob/{job} scaled to {workers} workers (revision {}); the new shard map follows\n", output::cell(&b["revision"])));
+            Ok(())
+        }
+        Command::Training { command: TrainingCommand::Checkpoint { job, after_steps } } => {
+            let job = parse_name(&job)?;
+            let body = call(&mut c, Method::POST, &format!("/v1/training/{job}/checkpoint"), Some(&json!({ "after_steps": after_steps }))).await?;
+            show(format, &body, |b| {
+                format!("trainingjob/{job}: every rank of map v{} checkpoints at step {} (the furthest rank was at {})\n",
+                    output::cell(&b["map_version"]), output::cell(&b["step"]), output::cell(&b["furthest_rank_step"]))
+            });
             Ok(())
         }
         Command::ProxyStatus => {

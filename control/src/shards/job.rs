@@ -202,6 +202,9 @@ pub struct ShardMapRecord {
     /// Set once the job's last step is checkpointed by every rank.
     #[serde(default)]
     pub completed: Option<Manifest>,
+    /// An extra barrier step asked for (`POST /v1/training/{job}/checkpoint`).
+    #[serde(default)]
+    pub checkpoint_at: Option<u64>,
 }
 
 impl ShardMapRecord {
@@ -215,6 +218,7 @@ impl ShardMapRecord {
             checkpoint_every: self.checkpoint_every,
             resume: self.resume.as_ref().map(Manifest::to_xds),
             completed: self.completed.as_ref().map(Manifest::to_xds),
+            checkpoint_at: self.checkpoint_at.unwrap_or(0),
             ranks: self
                 .ranks
                 .iter()
@@ -313,6 +317,7 @@ pub fn next_map(
         checkpoint_every: spec.checkpoint_every,
         resume: None,
         completed: None,
+        checkpoint_at: None,
     })
 }
 

@@ -186,6 +186,7 @@ impl State {
             "workers": m.workers,
             "global_batch": m.global_batch,
             "checkpoint_every": m.checkpoint_every,
+            "checkpoint_at": (m.checkpoint_at > 0).then_some(m.checkpoint_at),
             "resume": m.resume.as_ref().map(manifest),
             "completed": m.completed.as_ref().map(manifest),
             "ranks": m.ranks.iter().map(rank_json).collect::<Vec<_>>(),

@@ -54,6 +54,8 @@ struct Run {
     rank: u32,
     samples: u64,
     every: u64,
+    /// An extra barrier step the control plane asked for.
+    at: Option<u64>,
     step: u64,
     end: u64,
     model: Model,
@@ -96,6 +98,7 @@ impl Run {
             rank,
             samples: u(me, "samples")?,
             every: u(view, "checkpoint_every")?.max(1),
+            at: view["checkpoint_at"].as_u64(),
             step,
             end: step + longest,
             // The resumed model is carried by rank 0 (the others start from zero), so the sum
@@ -219,7 +222,10 @@ async fn main() {
                     eprintln!("not in map version {}: stopping", view["version"]);
                     return;
                 }
-                if run.as_ref().is_none_or(|r| r.version != view["version"].as_u64().unwrap_or(0)) {
+                if let Some(r) = run.as_mut().filter(|r| r.version == view["version"].as_u64().unwrap_or(0)) {
+                    // The same map with a new requested barrier step.
+                    r.at = view["checkpoint_at"].as_u64();
+                } else {
                     match Run::start(&view) {
                         Ok(r) => {
                             eprintln!("map version={} rank={} resume_step={} end={} shards={}", r.version, r.rank, r.step, r.end, r.mine.len());
@@ -255,7 +261,7 @@ async fn main() {
         }
         if r.step < r.end {
             r.train_step();
-            if (r.step.is_multiple_of(r.every) || r.step == r.end)
+            if (r.step.is_multiple_of(r.every) || r.step == r.end || Some(r.step) == r.at)
                 && let Err(e) = checkpoint(&c, &a, r).await
             {
                 eprintln!("step {}: {e}", r.step);
