@@ -25,6 +25,7 @@ pub mod scaling;
 pub mod scheduler;
 pub mod server;
 pub mod shards;
+pub mod spans;
 pub mod store;
 pub mod training;
 pub mod transport;

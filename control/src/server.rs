@@ -42,6 +42,9 @@ pub struct Options {
     pub autoscale_interval: Duration,
     /// Between the rollout engine's readings (on the leader).
     pub rollout_interval: Duration,
+    /// OTLP/gRPC collector for the control plane's trace spans (`None` = no export).
+    pub otlp_endpoint: Option<String>,
+    pub otlp_sample_ratio: f64,
 }
 
 impl Options {
@@ -60,6 +63,8 @@ impl Options {
             xds_debounce: Duration::from_millis(10),
             autoscale_interval: crate::scaling::DEFAULT_INTERVAL,
             rollout_interval: crate::rollouts::DEFAULT_INTERVAL,
+            otlp_endpoint: None,
+            otlp_sample_ratio: 1.0,
         }
     }
 }
@@ -128,6 +133,11 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     }
 
     let cache = weft_xds::Cache::new(opts.xds_debounce);
+    let spans = Arc::new(match &opts.otlp_endpoint {
+        Some(e) => crate::spans::Spans::otlp(e, opts.id, opts.otlp_sample_ratio).map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => crate::spans::Spans::off(),
+    });
+    cache.observe(spans.clone());
     let peers = Arc::new(Peers::default());
     let reports = Arc::new(Tracker::new(node.clone(), api_addr.to_string(), opts.tokens.admin_token(), peers.clone()));
     let state = Arc::new(AppState {
@@ -140,6 +150,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         autoscale: crate::scaling::Autoscale::new(opts.autoscale_interval),
         rollouts: crate::rollouts::Engine::new(opts.rollout_interval),
         training: crate::training::Training::default(),
+        spans,
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();

@@ -68,16 +68,19 @@ impl Training {
 }
 
 /// The stored map of `job` and its revision (0 = none).
+#[allow(clippy::result_large_err)] // StoreError wraps openraft's StorageError unchanged
 pub fn stored_map(st: &AppState, job: &str) -> Result<(Option<ShardMapRecord>, u64), StoreError> {
     stored(st, Kind::ShardMaps, job)
 }
 
 /// The stored checkpoints of `job` and their revision (0 = none).
+#[allow(clippy::result_large_err)] // StoreError wraps openraft's StorageError unchanged
 pub fn stored_checkpoints(st: &AppState, job: &str) -> Result<(CheckpointRecord, u64), StoreError> {
     let (r, rev) = stored(st, Kind::Checkpoints, job)?;
     Ok((r.unwrap_or_default(), rev))
 }
 
+#[allow(clippy::result_large_err)] // StoreError wraps openraft's StorageError unchanged
 fn stored<T: serde::de::DeserializeOwned>(st: &AppState, kind: Kind, name: &str) -> Result<(Option<T>, u64), StoreError> {
     let r = st.node.local().get(kind.as_str(), name).map_err(StoreError::from)?;
     Ok(match r {

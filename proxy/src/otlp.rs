@@ -129,7 +129,7 @@ struct SpanRec {
     parent: [u8; 8],
     parent_remote: bool,
     flags: u8,
-    server: bool,
+    kind: span::SpanKind,
     name: String,
     start_ns: u64,
     end_ns: u64,
@@ -140,7 +140,7 @@ struct SpanRec {
 
 impl SpanRec {
     fn into_proto(self) -> Span {
-        let kind = if self.server { span::SpanKind::Server } else { span::SpanKind::Client };
+        let kind = self.kind;
         let has_parent = self.parent != [0; 8];
         // Low byte: W3C trace flags; bit 8: "is_remote is known"; bit 9: the parent is remote.
         let flags = self.flags as u32 | 0x100 | if self.parent_remote { 0x200 } else { 0 };
@@ -164,6 +164,93 @@ impl SpanRec {
             }),
             ..Default::default()
         }
+    }
+}
+
+/// A span recorded outside a sidecar's request path, e.g. by the control plane (an API write,
+/// its Raft commit, each sidecar's push and ACK): ids chosen by the caller, attributes as
+/// strings. Exported by [`Telemetry::export_span`] through the same bounded queue.
+#[derive(Debug, Clone)]
+pub struct Custom {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    /// All zero: a root span.
+    pub parent: [u8; 8],
+    /// The parent came from another process (a `traceparent` header).
+    pub parent_remote: bool,
+    pub kind: CustomKind,
+    pub name: String,
+    pub start: SystemTime,
+    pub end: SystemTime,
+    /// `Some`: status ERROR with this message.
+    pub error: Option<String>,
+    pub attrs: Vec<(&'static str, String)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CustomKind {
+    Server,
+    Client,
+    Internal,
+}
+
+fn unix_ns(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64
+}
+
+impl Custom {
+    fn into_rec(self) -> SpanRec {
+        SpanRec {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            parent: self.parent,
+            parent_remote: self.parent_remote,
+            flags: 1,
+            kind: match self.kind {
+                CustomKind::Server => span::SpanKind::Server,
+                CustomKind::Client => span::SpanKind::Client,
+                CustomKind::Internal => span::SpanKind::Internal,
+            },
+            name: self.name,
+            start_ns: unix_ns(self.start),
+            end_ns: unix_ns(self.end),
+            error: self.error,
+            attrs: self.attrs.into_iter().map(|(k, v)| (k, Val::Owned(v))).collect(),
+        }
+    }
+}
+
+/// A fresh span id (never zero).
+pub fn span_id() -> [u8; 8] {
+    new_span_id()
+}
+
+/// A fresh trace id (never zero).
+pub fn trace_id() -> [u8; 16] {
+    rand::random::<u128>().max(1).to_be_bytes()
+}
+
+/// A `traceparent` header value → (trace id, parent span id, sampled); `None` if malformed.
+pub fn parse_traceparent(v: &[u8]) -> Option<([u8; 16], [u8; 8], bool)> {
+    let (trace, flags) = telemetry::parse_traceparent(v)?;
+    Some((unhex(trace), unhex(&v[36..52]), unhex::<1>(flags)[0] & 1 == 1))
+}
+
+impl Telemetry {
+    /// Queues `s` for export; false when export is off or `s`'s new trace is not sampled
+    /// (spans with a parent are the caller's decision).
+    pub fn export_span(&self, s: Custom) -> bool {
+        let Some(e) = self.otlp() else { return false };
+        if s.parent == [0; 8] && !e.sample_new(&s.trace_id) {
+            return false;
+        }
+        e.enqueue(s.into_rec());
+        true
+    }
+
+    /// Whether spans would be exported at all.
+    pub fn exporting(&self) -> bool {
+        self.otlp().is_some()
     }
 }
 
@@ -519,7 +606,7 @@ impl ReqSpan {
             parent: self.span_id,
             parent_remote: false,
             flags: self.flags,
-            server: false,
+            kind: span::SpanKind::Client,
             name: format!("{} {cluster}", self.method),
             start_ns: a.start_ns,
             end_ns: end_ns(a.start_ns, a.start),
@@ -612,7 +699,7 @@ impl ReqSpan {
             parent: self.parent,
             parent_remote: true,
             flags: self.flags,
-            server: true,
+            kind: span::SpanKind::Server,
             name,
             start_ns: self.start_ns,
             end_ns: end_ns(self.start_ns, self.start),
@@ -664,7 +751,7 @@ impl ChildSpan {
             parent: self.parent,
             parent_remote: false,
             flags: self.flags,
-            server: false,
+            kind: span::SpanKind::Client,
             name: format!("{} {} (shadow)", self.method, labels.cluster),
             start_ns: self.start_ns,
             end_ns: end_ns(self.start_ns, self.start),
@@ -948,7 +1035,7 @@ mod tests {
             parent: [0; 8],
             parent_remote: false,
             flags: 1,
-            server: true,
+            kind: span::SpanKind::Server,
             name: "GET".into(),
             start_ns: 1,
             end_ns: 2,

@@ -378,3 +378,44 @@ clusters: [{{name: c, endpoints: ["{}"]}}]
     collector.trace(TRACE, 2).await;
     assert!(collector.spans.lock().unwrap().iter().all(|g| hex(&g.span.trace_id) == TRACE), "nothing exported while off");
 }
+
+/// The control plane's side: `PUT /v1/clusters/c1` with a `traceparent` shows as one trace —
+/// the write (SERVER, the caller's child), its Raft commit, and the push to the connected
+/// sidecar until its ACK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_write_is_traced_to_the_sidecars_ack() {
+    use weft_tests::procs::{ControlProc, SidecarProc, api, wait_for};
+    let (collector, caddr) = Collector::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let c = client();
+    let endpoint = format!("http://{caddr}");
+    let node = ControlProc::start_with(1, root.path(), true, None, &["--otlp-endpoint", &endpoint]);
+    wait_for("the node leads", Duration::from_secs(20), || async { node.status(&c).await.filter(|s| s["leader"] == 1).map(|_| ()) }).await;
+    let _side = SidecarProc::start("side-a", &root.path().join("side"), &[&node]);
+    wait_for("the sidecar is connected", Duration::from_secs(20), || async {
+        let (_, v) = api(&c, http::Method::GET, node.api, "/v1/proxies", None).await;
+        v["items"].as_array().into_iter().flatten().any(|p| p["node_id"] == "side-a" && p["connected"] == true).then_some(())
+    })
+    .await;
+    let req = http::Request::put(format!("http://{}/v1/clusters/c1", node.api))
+        .header("content-type", "application/json")
+        .header("traceparent", format!("00-{TRACE}-{PARENT}-01"))
+        .body(full(r#"{"endpoints": ["127.0.0.1:9"]}"#))
+        .unwrap();
+    let resp = c.request(req).await.unwrap();
+    assert_eq!(resp.status(), http::StatusCode::OK);
+    let spans = collector.trace(TRACE, 3).await;
+    let by = |name: &str| spans.iter().find(|g| g.span.name == name).unwrap_or_else(|| panic!("no {name} span: {spans:#?}")).clone();
+    let write = by("PUT /v1/{kind}/{name}");
+    assert_eq!(write.kind(), SpanKind::Server);
+    assert_eq!(hex(&write.span.parent_span_id), PARENT, "the caller's span is the parent");
+    assert_eq!((write.a("weft.kind"), write.a("weft.name"), write.a("weft.changed")), ("clusters".into(), "c1".into(), "true".into()));
+    assert_eq!(write.resource.get("service.name").map(String::as_str), Some("weft-control"));
+    let commit = by("raft.commit");
+    assert_eq!((commit.kind(), hex(&commit.span.parent_span_id)), (SpanKind::Internal, hex(&write.span.span_id)));
+    let push = by("xds.push");
+    assert_eq!((push.kind(), hex(&push.span.parent_span_id)), (SpanKind::Client, hex(&write.span.span_id)));
+    assert_eq!((push.a("weft.node_id"), push.a("xds.ack"), push.a("xds.type_url")), ("side-a".into(), "ACK".into(), weft_xds::typeurl::CLUSTER.into()));
+    assert_eq!(push.a("xds.version"), write.a("weft.revision"), "the sidecar ACKed the write's revision");
+    assert!(push.span.end_time_unix_nano >= push.span.start_time_unix_nano && push.span.start_time_unix_nano >= commit.span.start_time_unix_nano);
+}

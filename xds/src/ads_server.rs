@@ -246,6 +246,12 @@ async fn serve<M: Mode>(
                 state.on_snapshot(&snapshot)
             }
         };
+        if let Some(c) = &connection {
+            for r in &responses {
+                let (type_url, version) = M::describe(r);
+                cache.pushed(&c.node_id, type_url, version);
+            }
+        }
         if send_all(tx, responses).await.is_err() {
             return Ok(());
         }

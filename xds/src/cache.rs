@@ -186,6 +186,14 @@ pub enum Feedback {
     Nack { type_url: String, nack: Nack },
 }
 
+/// Told about every push a stream sends and every ACK/NACK it receives (the control plane
+/// turns them into trace spans: write → commit → push → ACK). Called on the stream's task:
+/// keep it short.
+pub trait Observer: Send + Sync {
+    fn pushed(&self, node_id: &str, type_url: &str, version: &str);
+    fn answered(&self, node_id: &str, feedback: &Feedback);
+}
+
 /// The shared cache: the latest snapshot behind a watch channel (each connected stream holds
 /// a receiver and is woken when a new revision is set), per-node status, and the debounce
 /// window streams wait after a wake-up so a burst of commits becomes one push.
@@ -198,13 +206,14 @@ struct Inner {
     snapshot: watch::Sender<Arc<Snapshot>>,
     nodes: Mutex<BTreeMap<String, NodeStatus>>,
     debounce: Duration,
+    observer: std::sync::OnceLock<Arc<dyn Observer>>,
 }
 
 impl Cache {
     /// A cache whose streams coalesce revisions set within `debounce` of each other.
     pub fn new(debounce: Duration) -> Self {
         let (snapshot, _) = watch::channel(Arc::new(Snapshot::default()));
-        Cache { inner: Arc::new(Inner { snapshot, nodes: Mutex::default(), debounce }) }
+        Cache { inner: Arc::new(Inner { snapshot, nodes: Mutex::default(), debounce, observer: std::sync::OnceLock::new() }) }
     }
 
     /// Publishes the resources of `revision` and wakes every stream.
@@ -260,7 +269,21 @@ impl Cache {
         }
     }
 
+    /// Sets the observer of pushes and answers (once; false if one is set already).
+    pub fn observe(&self, o: Arc<dyn Observer>) -> bool {
+        self.inner.observer.set(o).is_ok()
+    }
+
+    pub(crate) fn pushed(&self, node_id: &str, type_url: &str, version: &str) {
+        if let Some(o) = self.inner.observer.get() {
+            o.pushed(node_id, type_url, version);
+        }
+    }
+
     pub(crate) fn record(&self, node_id: &str, feedback: Feedback) {
+        if let Some(o) = self.inner.observer.get() {
+            o.answered(node_id, &feedback);
+        }
         let mut nodes = self.nodes();
         let status = nodes.entry(node_id.to_owned()).or_default();
         match feedback {

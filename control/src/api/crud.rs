@@ -194,7 +194,24 @@ pub async fn put(
     let kind = writable(kind(&k)?)?;
     let expect = precondition(&q, &headers)?;
     let spec = body_json(&body)?;
-    write_spec(&st, kind, &name, &spec, expect, q.dry_run).await
+    let trace = (!q.dry_run).then(|| st.spans.begin("PUT", "/v1/{kind}/{name}", traceparent(&headers))).flatten();
+    let r = write_spec(&st, kind, &name, &spec, expect, q.dry_run).await;
+    finish_trace(&st, trace, kind, &name, &r);
+    r
+}
+
+fn traceparent(headers: &HeaderMap) -> Option<&[u8]> {
+    headers.get("traceparent").map(|v| v.as_bytes())
+}
+
+/// Ends a traced write (see `crate::spans`).
+fn finish_trace(st: &AppState, trace: Option<crate::spans::Write>, kind: Kind, name: &str, r: &ApiResult<Json<Value>>) {
+    let Some(t) = trace else { return };
+    let outcome = match r {
+        Ok(Json(v)) => Ok((v["revision"].as_u64().unwrap_or(0), v["changed"] != Value::Bool(false))),
+        Err(e) => Err(format!("{} {}", e.status, e.body["error"].as_str().unwrap_or_default())),
+    };
+    st.spans.finish(t, kind.as_str(), name, outcome);
 }
 
 pub async fn delete(
@@ -214,9 +231,14 @@ pub async fn delete(
             "revision": current.map(|r| r.revision).unwrap_or(0),
         })));
     }
+    let trace = st.spans.begin("DELETE", "/v1/{kind}/{name}", traceparent(&headers));
     let cmd = Command::Delete { kind: kind.as_str().into(), name: name.clone(), expect_revision: expect };
-    let revision = st.node.write(cmd).await?;
-    Ok(Json(json!({ "kind": kind.as_str(), "name": name, "revision": revision })))
+    let r = match st.node.write(cmd).await {
+        Ok(revision) => Ok(Json(json!({ "kind": kind.as_str(), "name": name, "revision": revision }))),
+        Err(e) => Err(ApiError::from(e)),
+    };
+    finish_trace(&st, trace, kind, &name, &r);
+    r
 }
 
 pub async fn history(

@@ -66,6 +66,8 @@ pub struct AppState {
     pub rollouts: crate::rollouts::Engine,
     /// The training loop's memory (used while this node leads).
     pub training: crate::training::Training,
+    /// Trace spans of writes, commits, pushes and ACKs (`--otlp-endpoint`).
+    pub spans: Arc<crate::spans::Spans>,
 }
 
 impl AppState {

@@ -53,6 +53,13 @@ struct Args {
     /// resource; see `weftctl experiment status`).
     #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
     rollout_interval_s: f64,
+    /// Export trace spans of every API write (write → Raft commit → xDS push → sidecar ACK)
+    /// to this OTLP/gRPC collector, e.g. http://127.0.0.1:4317 (default: no export).
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
+    /// Share of new traces exported (a caller's `traceparent` sampled flag is followed).
+    #[arg(long, default_value_t = 1.0)]
+    otlp_sample_ratio: f64,
     /// Log filter (RUST_LOG syntax).
     /// (openraft's per-retry replication errors are off by default: a down peer is logged once
     /// when it goes and once when it returns.)
@@ -91,6 +98,8 @@ fn main() -> anyhow::Result<()> {
     opts.xds_debounce = Duration::from_millis(args.xds_debounce_ms);
     opts.autoscale_interval = Duration::from_secs_f64(args.autoscale_interval_s);
     opts.rollout_interval = Duration::from_secs_f64(args.rollout_interval_s);
+    opts.otlp_endpoint = args.otlp_endpoint.clone();
+    opts.otlp_sample_ratio = args.otlp_sample_ratio;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
         let running = server::start(opts).await?;
         wait_for_signal().await;

@@ -24,6 +24,8 @@ use super::Trainer;
 use super::state::{Ack, Checkpoint, MAX_WAIT};
 use crate::admin::json;
 
+type Reply = Response<Full<Bytes>>;
+
 /// Largest request body accepted.
 const MAX_BODY: usize = 64 << 10;
 
@@ -40,19 +42,19 @@ pub async fn handle(t: &Trainer, req: Request<Incoming>) -> Response<Full<Bytes>
         (Method::GET, "/training/status") => json(StatusCode::OK, t.state.lock().unwrap().status(Instant::now())),
         (Method::POST, "/training/ack") => match body::<Ack>(req).await {
             Ok(a) => answer(t.state.lock().unwrap().ack(&a).map(|()| json!({"ok": true, "version": a.version, "step": a.step}))),
-            Err(r) => r,
+            Err(r) => *r,
         },
         (Method::POST, "/training/checkpoint") => match body::<Checkpoint>(req).await {
             Ok(c) => {
                 let (v, s) = (c.version, c.step);
                 answer(t.state.lock().unwrap().checkpoint(c).map(|()| json!({"ok": true, "version": v, "step": s})))
             }
-            Err(r) => r,
+            Err(r) => *r,
         },
         (_, "/training/map" | "/training/status" | "/training/ack" | "/training/checkpoint") => {
-            error(StatusCode::METHOD_NOT_ALLOWED, "method", format!("{} is not allowed on {path}", req.method()))
+            *error(StatusCode::METHOD_NOT_ALLOWED, "method", format!("{} is not allowed on {path}", req.method()))
         }
-        _ => error(
+        _ => *error(
             StatusCode::NOT_FOUND,
             "path",
             format!("no training endpoint {path:?}; try /training/map /training/ack /training/checkpoint /training/status"),
@@ -60,20 +62,20 @@ pub async fn handle(t: &Trainer, req: Request<Incoming>) -> Response<Full<Bytes>
     }
 }
 
-fn error(status: StatusCode, field: &str, message: String) -> Response<Full<Bytes>> {
-    json(status, json!({"error": status.canonical_reason().unwrap_or("error"), "field": field, "message": message}))
+fn error(status: StatusCode, field: &str, message: String) -> Box<Reply> {
+    Box::new(json(status, json!({"error": status.canonical_reason().unwrap_or("error"), "field": field, "message": message})))
 }
 
 fn answer(r: Result<serde_json::Value, super::state::Refused>) -> Response<Full<Bytes>> {
     match r {
         Ok(v) => json(StatusCode::OK, v),
         // A stale map version conflicts with what the sidecar holds; anything else is invalid.
-        Err(e) if e.field == "version" => error(StatusCode::CONFLICT, e.field, e.message),
-        Err(e) => error(StatusCode::UNPROCESSABLE_ENTITY, e.field, e.message),
+        Err(e) if e.field == "version" => *error(StatusCode::CONFLICT, e.field, e.message),
+        Err(e) => *error(StatusCode::UNPROCESSABLE_ENTITY, e.field, e.message),
     }
 }
 
-async fn body<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, Response<Full<Bytes>>> {
+async fn body<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, Box<Reply>> {
     let bytes = Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await
@@ -100,13 +102,13 @@ impl Drop for Poll<'_> {
 }
 
 /// `after` and `wait` from the query string.
-fn poll_args(query: &str) -> Result<(Option<u64>, Duration), Response<Full<Bytes>>> {
+fn poll_args(query: &str) -> Result<(Option<u64>, Duration), Box<Reply>> {
     let (mut after, mut wait) = (None, Duration::ZERO);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         match k {
             "after" => {
-                after = Some(v.parse().map_err(|_| error(StatusCode::BAD_REQUEST, "after", format!("{v:?} is not a revision number")))?)
+                after = Some(v.parse().map_err(|_| error(StatusCode::BAD_REQUEST, "after", format!("{v:?} is not a revision number")))?);
             }
             "wait" => {
                 wait = crate::duration::parse(v).map_err(|e| error(StatusCode::BAD_REQUEST, "wait", e))?;
@@ -123,7 +125,7 @@ fn poll_args(query: &str) -> Result<(Option<u64>, Duration), Response<Full<Bytes
 async fn map(t: &Trainer, query: &str) -> Response<Full<Bytes>> {
     let (after, wait) = match poll_args(query) {
         Ok(a) => a,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let newer = |rev: u64| after.is_none_or(|a| rev > a) && rev > 0;
     let mut rx = t.changed.subscribe();
@@ -139,6 +141,6 @@ async fn map(t: &Trainer, query: &str) -> Response<Full<Bytes>> {
             *r.status_mut() = StatusCode::NO_CONTENT;
             r
         }
-        _ => error(StatusCode::NOT_FOUND, "map", format!("no shard map for job {:?} has been pushed to this sidecar yet", s.job)),
+        _ => *error(StatusCode::NOT_FOUND, "map", format!("no shard map for job {:?} has been pushed to this sidecar yet", s.job)),
     }
 }

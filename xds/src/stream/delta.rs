@@ -47,6 +47,10 @@ impl Mode for Delta {
         request.node.as_ref().map(|n| n.id.as_str())
     }
 
+    fn describe(response: &DeltaDiscoveryResponse) -> (&str, &str) {
+        (&response.type_url, &response.system_version_info)
+    }
+
     fn type_url(request: &DeltaDiscoveryRequest) -> &str {
         &request.type_url
     }

@@ -56,6 +56,8 @@ pub trait Mode: Send + 'static {
     /// The node id a request carries (the first request of a stream must carry one).
     fn node_id(request: &Self::Request) -> Option<&str>;
     fn type_url(request: &Self::Request) -> &str;
+    /// A response's type URL and version (for [`crate::cache::Observer`]).
+    fn describe(response: &Self::Response) -> (&str, &str);
     /// State for the first request of a type on this stream. `nacked` is the type version
     /// the node NACKed before (on any stream), which is not to be pushed again.
     fn open(request: &mut Self::Request, nacked: Option<u64>) -> Self::TypeState;

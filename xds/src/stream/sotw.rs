@@ -31,6 +31,10 @@ impl Mode for Sotw {
         request.node.as_ref().map(|n| n.id.as_str())
     }
 
+    fn describe(response: &DiscoveryResponse) -> (&str, &str) {
+        (&response.type_url, &response.version_info)
+    }
+
     fn type_url(request: &DiscoveryRequest) -> &str {
         &request.type_url
     }
