@@ -91,6 +91,13 @@ pub struct ExperimentLoad {
     pub requests: u64,
     pub errors: u64,
     pub latency: weft_proxy::sketch::LogSketch,
+    /// Tokens the responses reported (`usage`), and their time to first byte (ms).
+    #[serde(default)]
+    pub input_tokens: u64,
+    #[serde(default)]
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub ttfb: weft_proxy::sketch::LogSketch,
 }
 
 impl ExperimentLoad {
@@ -99,6 +106,9 @@ impl ExperimentLoad {
         self.requests += other.requests;
         self.errors += other.errors;
         self.latency.merge(&other.latency);
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.ttfb.merge(&other.ttfb);
     }
 }
 
@@ -210,12 +220,16 @@ impl Tracker {
                 variant: l.variant.clone(),
                 requests: l.requests,
                 errors: l.errors,
+                input_tokens: l.input_tokens,
+                output_tokens: l.output_tokens,
                 ..ExperimentLoad::default()
             };
-            if let Some(sk) = &l.latency {
-                match weft_proxy::sketch::LogSketch::from_proto(sk) {
-                    Ok(sk) => delta.latency = sk,
-                    Err(err) => tracing::warn!(node = %report.node_id, error = %err.0, "latency sketch refused"),
+            for (sk, into) in [(&l.latency, &mut delta.latency), (&l.ttfb, &mut delta.ttfb)] {
+                if let Some(sk) = sk {
+                    match weft_proxy::sketch::LogSketch::from_proto(sk) {
+                        Ok(sk) => *into = sk,
+                        Err(err) => tracing::warn!(node = %report.node_id, error = %err.0, "latency sketch refused"),
+                    }
                 }
             }
             let total = inner.experiments.entry(key.clone()).or_insert_with(|| ExperimentLoad {

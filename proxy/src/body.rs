@@ -8,9 +8,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::time::Sleep;
+
+use crate::usage::{StreamInfo, Tail};
 
 /// A bounded copy of a request body as it streams upstream, so the request can be replayed
 /// to another endpoint (retry) or copied to a shadow. Recording stops, and the copy is
@@ -181,8 +183,9 @@ pub enum End {
     Cancelled,
 }
 
-/// Called exactly once when a proxied response body ends, however it ends.
-pub type OnEnd = Box<dyn FnOnce(End) + Send>;
+/// Called exactly once when a proxied response body ends, however it ends, with what the
+/// stream showed (first byte, token usage).
+pub type OnEnd = Box<dyn FnOnce(End, StreamInfo) + Send>;
 
 pin_project_lite::pin_project! {
     /// The body sent downstream: a local (error) response, or an upstream stream that tracks
@@ -195,14 +198,17 @@ pin_project_lite::pin_project! {
             idle: Option<Duration>,
             timer: Option<Pin<Box<Sleep>>>,
             on_end: Option<OnEnd>,
+            first_byte: Option<Instant>,
+            // The body's end, scanned for token usage (JSON and SSE responses only).
+            tail: Option<Tail>,
         },
     }
 
     impl PinnedDrop for RespBody {
         fn drop(this: Pin<&mut Self>) {
-            if let RespProj::Upstream { on_end, .. } = this.project()
+            if let RespProj::Upstream { on_end, first_byte, tail, .. } = this.project()
                 && let Some(f) = on_end.take() {
-                    f(End::Cancelled);
+                    f(End::Cancelled, info(*first_byte, tail.as_ref()));
                 }
         }
     }
@@ -213,19 +219,25 @@ impl RespBody {
         let data: Bytes = data.into();
         RespBody::Local { data: (!data.is_empty()).then_some(data) }
     }
-    pub fn upstream(inner: Incoming, idle: Option<Duration>, on_end: OnEnd) -> RespBody {
-        let mut b = RespBody::Upstream { inner, idle, timer: None, on_end: Some(on_end) };
+    /// `scan_usage`: keep the body's tail to read token usage from (see [`crate::usage`]).
+    pub fn upstream(inner: Incoming, idle: Option<Duration>, scan_usage: bool, on_end: OnEnd) -> RespBody {
+        let tail = scan_usage.then(Tail::default);
+        let mut b = RespBody::Upstream { inner, idle, timer: None, on_end: Some(on_end), first_byte: None, tail };
         if b.is_end_stream() {
             b.finish(End::Complete);
         }
         b
     }
     fn finish(&mut self, how: End) {
-        if let RespBody::Upstream { on_end, .. } = self
+        if let RespBody::Upstream { on_end, first_byte, tail, .. } = self
             && let Some(f) = on_end.take() {
-                f(how);
+                f(how, info(*first_byte, tail.as_ref()));
             }
     }
+}
+
+fn info(first_byte: Option<Instant>, tail: Option<&Tail>) -> StreamInfo {
+    StreamInfo { first_byte, tokens: tail.and_then(Tail::tokens) }
 }
 
 /// The error a stream ends with when the upstream goes silent.
@@ -247,7 +259,7 @@ impl Body for RespBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project() {
             RespProj::Local { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            RespProj::Upstream { mut inner, idle, timer, on_end } => {
+            RespProj::Upstream { mut inner, idle, timer, on_end, first_byte, tail } => {
                 let polled = inner.as_mut().poll_frame(cx);
                 let out = match polled {
                     Poll::Pending => {
@@ -262,6 +274,15 @@ impl Body for RespBody {
                         if let (Some(limit), Some(t)) = (*idle, timer.as_mut()) {
                             t.as_mut().reset(tokio::time::Instant::now() + limit);
                         }
+                        if let Some(Ok(f)) = &frame
+                            && let Some(d) = f.data_ref()
+                            && !d.is_empty()
+                        {
+                            first_byte.get_or_insert_with(Instant::now);
+                            if let Some(t) = tail.as_mut() {
+                                t.push(d);
+                            }
+                        }
                         frame.map(|r| r.map_err(BoxError::from))
                     }
                 };
@@ -271,8 +292,11 @@ impl Body for RespBody {
                     Some(Ok(_)) if inner.is_end_stream() => Some(End::Complete),
                     Some(Ok(_)) => None,
                 };
-                if let (Some(how), Some(f)) = (end, on_end.take()) {
-                    f(how);
+                // Taken only at the end: a stream's middle frames must leave it in place.
+                if let Some(how) = end
+                    && let Some(f) = on_end.take()
+                {
+                    f(how, info(*first_byte, tail.as_ref()));
                 }
                 Poll::Ready(out)
             }

@@ -37,6 +37,7 @@ pub mod sketch;
 pub mod snapshot;
 pub mod telemetry;
 pub mod training;
+pub mod usage;
 pub mod window;
 pub mod worker;
 pub mod xds;

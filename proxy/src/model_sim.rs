@@ -3,7 +3,9 @@
 //! - KServe v2 REST: `GET /v2/health/live|ready`, `GET /v2/models/{name}[/ready]`,
 //!   `POST /v2/models/{name}/infer` (answers a KServe v2 inference response).
 //! - OpenAI-style `POST /v1/completions`: `"stream": true` sends Server-Sent Events, one
-//!   `data: {...}` chunk per token at `tokens_per_s`, then `data: [DONE]`.
+//!   `data: {...}` chunk per token at `tokens_per_s`, then (with `"stream_options":
+//!   {"include_usage": true}`, as vLLM and OpenAI) a chunk with the `usage`, then
+//!   `data: [DONE]`; a plain response carries `usage` too.
 //! - `GET /metrics`: Prometheus text with the queue gauges routers read from vLLM
 //!   (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`)
 //!   and request counters.
@@ -356,6 +358,9 @@ async fn completions(sim: Arc<Sim>, body: &[u8]) -> Response<Body> {
     }
     let max_tokens = req["max_tokens"].as_u64().unwrap_or(16).clamp(1, 4096);
     let stream = req["stream"].as_bool().unwrap_or(false);
+    let include_usage = req["stream_options"]["include_usage"].as_bool().unwrap_or(false);
+    let prompt_tokens = req["prompt"].as_str().map(|p| p.split_whitespace().count()).unwrap_or(0) as u64;
+    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens, "total_tokens": prompt_tokens + max_tokens});
     let per_token = Duration::from_secs_f64(1.0 / sim.opts.tokens_per_s);
     let id = format!("cmpl-{:016x}", rand::random::<u64>());
 
@@ -370,9 +375,7 @@ async fn completions(sim: Arc<Sim>, body: &[u8]) -> Response<Body> {
         sim.stats.tokens.fetch_add(max_tokens, Ordering::Relaxed);
         let text: String = (0..max_tokens).map(|i| WORDS[i as usize % WORDS.len()]).collect();
         let mut v = completion_chunk(&id, &model, &text, Some("length"));
-        let prompt_tokens = req["prompt"].as_str().map(|p| p.split_whitespace().count()).unwrap_or(0);
-        v["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                            "total_tokens": prompt_tokens as u64 + max_tokens});
+        v["usage"] = usage;
         return json_response(StatusCode::OK, &v);
     }
 
@@ -399,6 +402,10 @@ async fn completions(sim: Arc<Sim>, body: &[u8]) -> Response<Body> {
                 return; // the client went away
             }
             s.stats.tokens.fetch_add(1, Ordering::Relaxed);
+        }
+        if include_usage {
+            let last = json!({"id": id, "object": "text_completion", "model": model, "choices": [], "usage": usage});
+            let _ = tx.send(Bytes::from(format!("data: {last}\n\n"))).await;
         }
         let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
     });

@@ -103,6 +103,7 @@ enum Val {
     Owned(String),
     Static(&'static str),
     Int(i64),
+    F64(f64),
     Bool(bool),
 }
 
@@ -113,6 +114,7 @@ impl Val {
             Val::Owned(s) => any_value::Value::StringValue(s),
             Val::Static(s) => any_value::Value::StringValue(s.to_string()),
             Val::Int(i) => any_value::Value::IntValue(i),
+            Val::F64(f) => any_value::Value::DoubleValue(f),
             Val::Bool(b) => any_value::Value::BoolValue(b),
         };
         AnyValue { value: Some(v) }
@@ -489,6 +491,8 @@ pub struct ReqSpan {
     /// The try whose response went downstream, and the response status.
     last: Option<Attempt>,
     status: u16,
+    /// Time to the response's first byte and its token usage, once the body ended.
+    stream: (Option<Duration>, Option<crate::usage::Tokens>),
 }
 
 /// Decide whether this request is traced, and make `tp` (the `traceparent` to send upstream,
@@ -529,6 +533,7 @@ pub(crate) fn start<B>(t: &Telemetry, req: &Request<B>, tp: &mut [u8; 55], start
         tries: 0,
         last: None,
         status: 0,
+        stream: (None, None),
         ex,
     })
 }
@@ -622,9 +627,11 @@ impl ReqSpan {
         self
     }
 
-    /// The response body went downstream to its end (or not: `end` says).
-    pub(crate) fn ended(self, labels: &Labels, end: crate::body::End) {
+    /// The response body went downstream to its end (or not: `end` says), its first byte
+    /// `ttfb` after the request arrived, reporting `tokens` of usage.
+    pub(crate) fn ended(mut self, labels: &Labels, end: crate::body::End, ttfb: Option<Duration>, tokens: Option<crate::usage::Tokens>) {
         let status = self.status;
+        self.stream = (ttfb, tokens);
         self.finish(labels, status, Some(end), None);
     }
 
@@ -677,6 +684,13 @@ impl ReqSpan {
             attrs.push(("weft.retries", Val::Int(self.tries as i64 - 1)));
         }
         self.ex.common(&mut attrs, labels, self.tenant.as_ref());
+        if let Some(d) = self.stream.0 {
+            attrs.push(("weft.time_to_first_byte_ms", Val::F64(d.as_secs_f64() * 1000.0)));
+        }
+        if let Some(t) = self.stream.1 {
+            attrs.push(("gen_ai.usage.input_tokens", Val::Int(t.input as i64)));
+            attrs.push(("gen_ai.usage.output_tokens", Val::Int(t.output as i64)));
+        }
         // Server spans: only 5xx is an error (semantic conventions).
         let mut error = None;
         if let Some(kind) = local_error {

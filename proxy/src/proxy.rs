@@ -166,7 +166,8 @@ async fn serve(
         rparts.headers.insert(X_WEFT_VARIANT.clone(), v.header.clone());
     }
     let on_end = finish_on_end(sh, cluster, sent.ep, sent.h1, slot, labels.clone(), start, sent.attempts - 1, &req_parts, telemetry::trace_id(&trace), ending);
-    Ok(Response::from_parts(rparts, RespBody::upstream(incoming, route.idle_timeout, on_end)))
+    let scan = crate::usage::scanned(rparts.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()));
+    Ok(Response::from_parts(rparts, RespBody::upstream(incoming, route.idle_timeout, scan, on_end)))
 }
 
 /// Choose the variant for a request.
@@ -582,15 +583,16 @@ fn finish_on_end(
     let sh = sh.clone();
     let cluster = cluster.clone();
     let log = sh.telemetry.access_log_enabled().then(|| (parts.method.clone(), parts.uri.clone(), trace_id.to_string()));
-    Box::new(move |end: End| {
+    Box::new(move |end: End, stream: crate::usage::StreamInfo| {
         release(&cluster, ep);
         if let (End::Complete, Some(sender)) = (end, h1) {
             cluster.endpoints[ep].pool().checkin(sender, cluster.cfg.max_idle_per_endpoint);
         }
         let elapsed = start.elapsed();
-        sh.telemetry.finish(&labels, elapsed, retries);
+        let ttfb = stream.first_byte.map(|t| t.saturating_duration_since(start));
+        sh.telemetry.finish_stream(&labels, elapsed, retries, ttfb, stream.tokens);
         if let Some(s) = span {
-            s.ended(&labels, end);
+            s.ended(&labels, end, ttfb, stream.tokens);
         }
         if let Some((method, uri, trace)) = log {
             sh.telemetry.access_log(|| serde_json::json!({
@@ -601,6 +603,8 @@ fn finish_on_end(
                 "model_name": &*labels.model_name, "tenant_id": &*labels.tenant_id,
                 "duration_ms": elapsed.as_secs_f64() * 1000.0, "retries": retries,
                 "end": format!("{end:?}"), "trace_id": trace,
+                "ttfb_ms": ttfb.map(|d| d.as_secs_f64() * 1000.0),
+                "input_tokens": stream.tokens.map(|t| t.input), "output_tokens": stream.tokens.map(|t| t.output),
             }));
         }
         drop(slot);

@@ -75,13 +75,21 @@ pub struct Series {
     pub requests: Counter,
     pub duration: Histogram,
     pub retries: Counter,
+    /// Time to the response's first body byte, and the tokens responses reported.
+    pub ttfb: Histogram,
+    pub input_tokens: Counter,
+    pub output_tokens: Counter,
     /// Readable copies of the request count and latency sum (`metrics` handles are
     /// write-only), summed per variant for the load reports sent to the control plane.
     count: AtomicU64,
     latency_us: AtomicU64,
+    tokens_in: AtomicU64,
+    tokens_out: AtomicU64,
     /// Latencies of an experiment variant's requests (none for other series): the load
     /// reports carry them so the control plane can judge the experiment.
     sketch: Option<Mutex<LogSketch>>,
+    /// The same for the time to first byte (first token of a stream).
+    ttfb_sketch: Option<Mutex<LogSketch>>,
 }
 
 /// Cumulative per-variant totals since start (non-shadow requests); the reporter sends the
@@ -92,6 +100,10 @@ pub struct VariantTotals {
     pub errors: u64,
     pub latency_us: u64,
     pub latency: LogSketch,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Time to first byte, ms.
+    pub ttfb: LogSketch,
 }
 
 /// A variant as the load reports name it: (experiment, variant).
@@ -301,10 +313,16 @@ impl Telemetry {
         let s = Arc::new(Series {
             requests: self.counter("weft_requests_total", ml.clone()),
             duration: self.histogram("weft_request_duration_seconds", ml.clone()),
-            retries: self.counter("weft_retries_total", ml),
+            retries: self.counter("weft_retries_total", ml.clone()),
+            ttfb: self.histogram("weft_time_to_first_byte_seconds", ml.clone()),
+            input_tokens: self.counter("weft_tokens_total", with(&ml, "direction", "input")),
+            output_tokens: self.counter("weft_tokens_total", with(&ml, "direction", "output")),
             count: AtomicU64::new(0),
             latency_us: AtomicU64::new(0),
+            tokens_in: AtomicU64::new(0),
+            tokens_out: AtomicU64::new(0),
             sketch: (!labels.shadow && !labels.variant.is_empty()).then(|| Mutex::new(LogSketch::new())),
+            ttfb_sketch: (!labels.shadow && !labels.variant.is_empty()).then(|| Mutex::new(LogSketch::new())),
         });
         bucket.push((labels.clone(), s.clone()));
         s
@@ -333,7 +351,32 @@ impl Telemetry {
 
     /// Record a finished request (or shadow copy).
     pub fn finish(&self, labels: &Labels, duration: Duration, retries: u32) {
+        self.finish_stream(labels, duration, retries, None, None);
+    }
+
+    /// [`finish`](Self::finish) for a proxied response body that ended: also its time to
+    /// first byte and the tokens it reported (one series lookup for all of it).
+    pub fn finish_stream(
+        &self,
+        labels: &Labels,
+        duration: Duration,
+        retries: u32,
+        ttfb: Option<Duration>,
+        tokens: Option<crate::usage::Tokens>,
+    ) {
         let s = self.series(labels);
+        if let Some(d) = ttfb {
+            s.ttfb.record(d.as_secs_f64());
+            if let Some(sk) = &s.ttfb_sketch {
+                sk.lock().unwrap().add(d.as_secs_f64() * 1000.0);
+            }
+        }
+        if let Some(t) = tokens {
+            s.input_tokens.increment(t.input);
+            s.output_tokens.increment(t.output);
+            s.tokens_in.fetch_add(t.input, Ordering::Relaxed);
+            s.tokens_out.fetch_add(t.output, Ordering::Relaxed);
+        }
         s.requests.increment(1);
         s.duration.record(duration.as_secs_f64());
         s.count.fetch_add(1, Ordering::Relaxed);
@@ -365,6 +408,11 @@ impl Telemetry {
             if let Some(sk) = &s.sketch {
                 t.latency.merge(&sk.lock().unwrap());
             }
+            t.input_tokens += s.tokens_in.load(Ordering::Relaxed);
+            t.output_tokens += s.tokens_out.load(Ordering::Relaxed);
+            if let Some(sk) = &s.ttfb_sketch {
+                t.ttfb.merge(&sk.lock().unwrap());
+            }
         }
         out
     }
@@ -385,6 +433,13 @@ impl Telemetry {
         let _ = log.out.write_all(text.as_bytes());
         let _ = log.out.flush();
     }
+}
+
+/// `labels` plus one more.
+fn with(labels: &[Label], k: &'static str, v: &'static str) -> Vec<Label> {
+    let mut out = labels.to_vec();
+    out.push(Label::new(k, v));
+    out
 }
 
 /// W3C trace context: continue the caller's trace with a new span id, or start a trace.

@@ -117,3 +117,57 @@ async fn model_sim_metrics_show_the_queue_beyond_max_concurrency() {
     let (_, _, metrics) = call(&c, "GET", format!("http://{}/metrics", s.addr), None).await;
     assert!(metrics.contains("vllm:num_requests_waiting{model_name=\"m\"} 0"), "{metrics}");
 }
+
+/// Through a sidecar: the tokens a completion reports (plain JSON, and the usage chunk of an
+/// SSE stream) and its time to first byte land in the metrics and the variant's load totals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_counts_reported_tokens_and_time_to_first_byte() {
+    let (s, c) = sim(SimOptions { model: "llm".into(), latency_ms: 20.0, jitter_ms: 0.0, tokens_per_s: 500.0, ..Default::default() }).await;
+    let yaml = format!(
+        "node: {{id: side}}\nadmin: {{address: \"127.0.0.1:0\"}}\nlisteners: [{{name: out, address: \"127.0.0.1:0\"}}]\n\
+         services: [{{name: llm, hosts: [llm], routes: [{{name: r, experiment: ab}}]}}]\n\
+         experiments: [{{name: ab, variants: [{{name: a, cluster: llm, weight: 1}}]}}]\n\
+         clusters: [{{name: llm, endpoints: [\"{}\"]}}]\n",
+        s.addr
+    );
+    let cfg = weft_proxy::Config::from_yaml(&yaml).unwrap();
+    let proxy = weft_proxy::Proxy::start(cfg, weft_proxy::Options::default()).unwrap();
+    let url = format!("http://{}/v1/completions", proxy.listener_addrs[0]);
+    let send = |body: Value| {
+        let req = Request::post(url.clone()).header("host", "llm").header("content-type", "application/json").body(Full::new(Bytes::from(body.to_string()))).unwrap();
+        c.request(req)
+    };
+    let resp = send(json!({"model": "llm", "prompt": "a b c", "max_tokens": 5})).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let _ = resp.into_body().collect().await.unwrap();
+    let stream = json!({"model": "llm", "prompt": "x y", "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true}});
+    let resp = send(stream).await.unwrap();
+    let text = String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(text.contains("\"usage\"") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    // The totals are recorded when the body ends, just after the client read it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let totals = loop {
+        let t = proxy.shared.telemetry.variant_totals();
+        let v = t.get(&("ab".to_string(), "a".to_string())).cloned().unwrap_or_default();
+        if v.requests == 2 || Instant::now() > deadline {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // A streamed response is accounted when it ends (it once was not: its end-of-body hook
+    // was dropped at the first frame, so streams leaked their in-flight counts).
+    assert_eq!(totals.requests, 2, "{totals:?}");
+    let clusters = proxy.shared.snapshot.load().clusters[0].describe();
+    assert_eq!((clusters["active_requests"].as_u64(), clusters["endpoints"][0]["in_flight"].as_u64()), (Some(0), Some(0)), "{clusters}");
+    assert_eq!((totals.input_tokens, totals.output_tokens), (3 + 2, 5 + 4));
+    assert_eq!(totals.ttfb.count(), 2, "a time to first byte per response");
+    let p50 = totals.ttfb.quantile(0.5).unwrap();
+    assert!(p50 >= 19.0, "the first byte comes after the model's 20 ms latency: {p50}");
+    let metrics = proxy.shared.telemetry.render();
+    let tokens = |dir: &str| {
+        metrics.lines().filter(|l| l.starts_with("weft_tokens_total{") && l.contains(&format!("direction=\"{dir}\""))).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>()
+    };
+    assert_eq!((tokens("input"), tokens("output")), (5.0, 9.0), "{metrics}");
+    assert!(metrics.contains("weft_time_to_first_byte_seconds_count"), "{metrics}");
+    proxy.shutdown(Duration::from_secs(1));
+}

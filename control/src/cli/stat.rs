@@ -1,5 +1,5 @@
 //! `weftctl stat [--window S]`: golden metrics per service, experiment and variant over the
-//! last S seconds (success rate, requests/s, p50/p95/p99), like `linkerd viz stat`, from the
+//! last S seconds (success rate, requests/s, p50/p95/p99, time to first byte, tokens/s), like `linkerd viz stat`, from the
 //! sidecars' load reports as the control nodes hold them (`GET /v1/load?window=S`). A variant
 //! is listed under every service whose routes lead to its experiment.
 
@@ -48,12 +48,18 @@ pub fn stat_table(load: &Value, services: &BTreeMap<String, Vec<String>>) -> Str
             ms(&l, 0.5),
             ms(&l, 0.95),
             ms(&l, 0.99),
+            l.ttfb.quantile(0.5).map_or_else(|| "-".into(), |v| format!("{v:.1}ms")),
+            if l.input_tokens + l.output_tokens == 0 {
+                "-".into()
+            } else {
+                format!("{:.1}/{:.1}", l.input_tokens as f64 / window, l.output_tokens as f64 / window)
+            },
         ]);
     }
     if rows.is_empty() {
         return format!("no experiment traffic reported in the last {window:.0} s\n");
     }
-    let mut out = table(&["SERVICE", "EXPERIMENT", "VARIANT", "SUCCESS", "RPS", "LATENCY_P50", "LATENCY_P95", "LATENCY_P99"], &rows);
+    let mut out = table(&["SERVICE", "EXPERIMENT", "VARIANT", "SUCCESS", "RPS", "LATENCY_P50", "LATENCY_P95", "LATENCY_P99", "TTFB_P50", "TOKENS/S IN/OUT"], &rows);
     out.push_str(&format!("(last {window:.0} s; latency percentiles within 1%)\n"));
     out
 }
@@ -70,12 +76,15 @@ mod tests {
         for i in 0..100 {
             latency.add(10.0 + i as f64);
         }
-        let a = ExperimentLoad { experiment: "ab".into(), variant: "a".into(), requests: 600, errors: 6, latency };
+        let mut ttfb = LogSketch::new();
+        ttfb.add(4.0);
+        let a = ExperimentLoad { experiment: "ab".into(), variant: "a".into(), requests: 600, errors: 6, latency, input_tokens: 1200, output_tokens: 6000, ttfb };
         let load = json!({"window_s": 60.0, "items": [serde_json::to_value(&a).unwrap()]});
         let services = services_by_experiment(&json!({"items": [
             {"name": "chat", "spec": {"routes": [{"name": "r", "experiment": "ab"}, {"name": "d", "cluster": "c"}]}}]}));
         let t = stat_table(&load, &services);
         assert!(t.contains("chat") && t.contains("99.00%") && t.contains("10.0"), "{t}");
         assert!(t.contains("LATENCY_P95"), "{t}");
+        assert!(t.contains("4.0ms") && t.contains("20.0/100.0"), "time to first byte and tokens per second: {t}");
     }
 }

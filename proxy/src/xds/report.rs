@@ -51,6 +51,9 @@ pub fn load_delta(
                 in_flight: g.in_flight,
                 queued: g.queued,
                 latency: (requests > 0).then(|| t.latency.since(&b.latency).to_proto()),
+                input_tokens: t.input_tokens.saturating_sub(b.input_tokens),
+                output_tokens: t.output_tokens.saturating_sub(b.output_tokens),
+                ttfb: (requests > 0).then(|| t.ttfb.since(&b.ttfb).to_proto()).filter(|s| s.counts.iter().any(|c| *c > 0) || s.zero_count > 0),
             })
         })
         .collect()
