@@ -156,6 +156,7 @@ impl Spans {
             service_name: "weft-control".into(),
             sample_ratio,
             resource: BTreeMap::from([("weft.control_node".to_string(), node_id.to_string())]),
+            metrics_interval: weft_proxy::duration::Dur(Duration::ZERO), // no sidecar registry here
             ..Default::default()
         };
         t.configure(&weft_proxy::config::Telemetry { otlp: Some(otlp), ..Default::default() })

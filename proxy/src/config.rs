@@ -410,6 +410,7 @@ impl Default for Telemetry {
 ///     batch: 512                          # spans per export request
 ///     flush_interval: 1s                  # a partial batch is sent after this long
 ///     timeout: 5s                         # per export request (and connect)
+///     metrics_interval: 10s               # send the /metrics registry as OTLP metrics; 0 = off
 ///     headers: {x-api-key: "..."}         # gRPC metadata on every export
 ///     resource: {model: llama-3-8b}       # extra resource attributes
 /// ```
@@ -423,6 +424,8 @@ pub struct Otlp {
     pub batch: usize,
     pub flush_interval: Dur,
     pub timeout: Dur,
+    /// Every this often the registry `/metrics` serves goes out as OTLP metrics; 0 = never.
+    pub metrics_interval: Dur,
     pub headers: BTreeMap<String, String>,
     pub resource: BTreeMap<String, String>,
 }
@@ -437,6 +440,7 @@ impl Default for Otlp {
             batch: 512,
             flush_interval: Dur::from_millis(1000),
             timeout: Dur::from_millis(5000),
+            metrics_interval: Dur::from_millis(10_000),
             headers: BTreeMap::new(),
             resource: BTreeMap::new(),
         }

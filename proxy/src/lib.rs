@@ -25,6 +25,7 @@ pub mod lb;
 pub mod limit;
 pub mod model_sim;
 pub mod otlp;
+pub mod otlp_metrics;
 pub mod outlier;
 pub mod pool;
 pub mod proxy;

@@ -78,6 +78,9 @@ pub fn validate(o: &config::Otlp) -> Result<(), String> {
     if o.timeout.is_zero() {
         return Err(format!("{f}.timeout: must be above 0"));
     }
+    if !o.metrics_interval.is_zero() && o.metrics_interval.0 < Duration::from_millis(50) {
+        return Err(format!("{f}.metrics_interval: {:?} is below 50ms (0 turns metrics off)", o.metrics_interval.0));
+    }
     metadata(&o.headers)?;
     if o.resource.keys().any(|k| k.is_empty()) {
         return Err(format!("{f}.resource: attribute names must not be empty"));
@@ -294,9 +297,16 @@ impl Exporter {
         };
         let resource = resource(cfg, node);
         let run_cfg = cfg.clone();
+        let exports = |result: &'static str| t.counter("weft_otlp_metric_exports_total", vec![Label::new("result", result)]);
+        let metrics = cfg.metrics_interval.non_zero().map(|interval| crate::otlp_metrics::MetricsJob {
+            handle: t.prometheus_handle(),
+            interval,
+            ok: exports("ok"),
+            failed: exports("failed"),
+        });
         let thread = std::thread::Builder::new()
             .name("weft-otlp".into())
-            .spawn(move || run(run_cfg, md, resource, rx, stop_rx, counters))
+            .spawn(move || run(run_cfg, md, resource, rx, stop_rx, counters, metrics))
             .map_err(|e| format!("telemetry.otlp: cannot start the exporter thread: {e}"))?;
         let threshold = (cfg.sample_ratio < 1.0).then_some((cfg.sample_ratio * (1u64 << 63) as f64) as u64);
         Ok(Arc::new(Exporter {
@@ -783,6 +793,7 @@ fn run(
     mut rx: mpsc::Receiver<SpanRec>,
     mut stop: watch::Receiver<bool>,
     c: Counters,
+    metrics: Option<crate::otlp_metrics::MetricsJob>,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -798,15 +809,16 @@ fn run(
         };
         let timeout = cfg.timeout.0;
         let channel = endpoint.connect_timeout(timeout).timeout(timeout).connect_lazy();
+        let scope = InstrumentationScope { name: "weft-proxy".into(), version: env!("CARGO_PKG_VERSION").into(), ..Default::default() };
+        if let Some(job) = metrics {
+            let m = crate::otlp_metrics::run(job, channel.clone(), md.clone(), resource.clone(), scope.clone(), timeout, stop.clone());
+            tokio::spawn(m);
+        }
         let mut ex = Export {
             client: TraceServiceClient::new(channel),
             md,
             resource,
-            scope: InstrumentationScope {
-                name: "weft-proxy".into(),
-                version: env!("CARGO_PKG_VERSION").into(),
-                ..Default::default()
-            },
+            scope,
             timeout,
             c,
             healthy: true,

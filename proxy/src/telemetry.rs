@@ -208,6 +208,9 @@ impl Telemetry {
         d("weft_requests_total", "Requests by service, route, variant, cluster, endpoint, status class, model, tenant; shadow copies labelled shadow=\"true\".");
         d("weft_request_duration_seconds", "Time from request received to response body end.");
         d("weft_retries_total", "Upstream retries (attempts after the first).");
+        d("weft_time_to_first_byte_seconds", "Time from request received to the response's first body byte (the first token of a stream).");
+        d("weft_tokens_total", "Tokens responses reported in their usage object, by direction (input, output).");
+        d("weft_otlp_metric_exports_total", "OTLP metric exports of the registry, by result (ok, failed).");
         d("weft_requests_in_flight", "Upstream requests in flight per cluster.");
         d("weft_variant_requests_in_flight", "Requests in flight per experiment variant (response streams included).");
         d("weft_circuit_breaker_state", "Error-rate breaker state per cluster: 0 closed, 1 open, 2 half-open.");
@@ -336,6 +339,11 @@ impl Telemetry {
     }
     pub fn histogram(&self, name: &'static str, labels: Vec<Label>) -> Histogram {
         self.recorder.register_histogram(&Key::from_parts(name, labels), &META)
+    }
+
+    /// The registry's handle (the OTLP metrics export reads it too).
+    pub(crate) fn prometheus_handle(&self) -> metrics_exporter_prometheus::PrometheusHandle {
+        self.handle.clone()
     }
 
     /// Prometheus text exposition.

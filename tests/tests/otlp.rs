@@ -2,6 +2,8 @@
 //! parent/child links across two chained sidecars, parent-based sampling, and a collector that
 //! is down (requests unaffected, drops counted). Every wait is bounded; nothing is timed.
 
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{MetricsService, MetricsServiceServer};
+use opentelemetry_proto::tonic::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
@@ -51,6 +53,23 @@ fn hex(b: &[u8]) -> String {
 struct Collector {
     spans: Arc<Mutex<Vec<Got>>>,
     api_keys: Arc<Mutex<Vec<String>>>,
+    metrics: Arc<Mutex<Vec<opentelemetry_proto::tonic::metrics::v1::Metric>>>,
+}
+
+#[tonic::async_trait]
+impl MetricsService for Collector {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let mut out = self.metrics.lock().unwrap();
+        for rm in req.into_inner().resource_metrics {
+            for sm in rm.scope_metrics {
+                out.extend(sm.metrics);
+            }
+        }
+        Ok(tonic::Response::new(ExportMetricsServiceResponse { partial_success: None }))
+    }
 }
 
 #[tonic::async_trait]
@@ -84,9 +103,11 @@ impl Collector {
         let addr = listener.local_addr().unwrap();
         let c = Collector::default();
         let svc = TraceServiceServer::new(c.clone());
+        let metrics = MetricsServiceServer::new(c.clone());
         tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(svc)
+                .add_service(metrics)
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
                 .await
                 .unwrap();
@@ -418,4 +439,56 @@ async fn a_control_plane_write_is_traced_to_the_sidecars_ack() {
     assert_eq!((push.a("weft.node_id"), push.a("xds.ack"), push.a("xds.type_url")), ("side-a".into(), "ACK".into(), weft_xds::typeurl::CLUSTER.into()));
     assert_eq!(push.a("xds.version"), write.a("weft.revision"), "the sidecar ACKed the write's revision");
     assert!(push.span.end_time_unix_nano >= push.span.start_time_unix_nano && push.span.start_time_unix_nano >= commit.span.start_time_unix_nano);
+}
+
+/// Metrics over OTLP: the registry `/metrics` serves, as OTLP sums, gauges and histograms with
+/// the same names and labels, every `metrics_interval`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_registry_goes_out_over_otlp_too() {
+    use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point::Value as V};
+    let (collector, caddr) = Collector::start().await;
+    let up = Upstream::start("m").await;
+    let yaml = format!(
+        "node: {{id: side-m}}\nadmin: {{address: \"127.0.0.1:0\"}}\nlisteners: [{{name: out, address: \"127.0.0.1:0\"}}]\n\
+         services: [{{name: s, hosts: [s], routes: [{{name: r, experiment: ab}}]}}]\n\
+         experiments: [{{name: ab, variants: [{{name: a, cluster: m, weight: 1}}]}}]\n\
+         clusters: [{{name: m, endpoints: [\"{}\"]}}]\n{}",
+        up.addr,
+        otlp_section(&caddr.to_string(), ", metrics_interval: 100ms")
+    );
+    let proxy = start_proxy(&yaml);
+    let c = client();
+    for _ in 0..5 {
+        let (s, _, _) = get(&c, proxy.listener_addrs[0], "s", "/", &[]).await;
+        assert_eq!(s, http::StatusCode::OK);
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (requests, histogram) = loop {
+        let got = collector.metrics.lock().unwrap().clone();
+        let requests: f64 = got
+            .iter()
+            .filter(|m| m.name == "weft_requests_total")
+            .filter_map(|m| match &m.data {
+                Some(Data::Sum(s)) if s.is_monotonic => Some(s),
+                _ => None,
+            })
+            .flat_map(|s| s.data_points.iter())
+            .filter(|p| attr(&p.attributes, "variant").as_deref() == Some("a") && attr(&p.attributes, "node").as_deref() == Some("side-m"))
+            .map(|p| match p.value {
+                Some(V::AsDouble(v)) => v,
+                _ => 0.0,
+            })
+            .fold(0.0, f64::max);
+        let histogram = got.iter().any(|m| {
+            m.name == "weft_request_duration_seconds" && matches!(&m.data, Some(Data::Histogram(h)) if h.data_points.iter().any(|p| p.count >= 5))
+        });
+        if (requests >= 5.0 && histogram) || Instant::now() > deadline {
+            break (requests, histogram);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(requests, 5.0, "the counter as /metrics shows it");
+    assert!(histogram, "the latency histogram with its 5 samples");
+    let text = proxy.shared.telemetry.render();
+    assert!(metric_sum(&text, "weft_otlp_metric_exports_total", &[("result", "ok")]) >= 1.0, "{text}");
 }

@@ -127,7 +127,7 @@ mod tests {
             for v in ms {
                 latency.add(*v);
             }
-            VariantTotals { requests, errors, latency_us, latency }
+            VariantTotals { requests, errors, latency_us, latency, ..Default::default() }
         };
         let k = |v: &str| ("e".to_string(), v.to_string());
         let before = BTreeMap::from([(k("a"), t(10, 1, 5_000, &[1.0])), (k("b"), t(4, 0, 1_000, &[2.0]))]);

@@ -255,9 +255,10 @@ async fn main() {
         let asked = hook.lock().unwrap().asked;
         if asked {
             let done = checkpoint(&c, &a, r).await.map_err(|e| eprintln!("hook checkpoint: {e}")).ok();
+            // Logged before the hook answers, so the log is complete when the drain returns.
+            eprintln!("hook checkpoint step={}", r.step);
             let mut h = hook.lock().unwrap();
             (h.asked, h.done) = (false, done.or(h.done));
-            eprintln!("hook checkpoint step={}", r.step);
         }
         if r.step < r.end {
             r.train_step();
