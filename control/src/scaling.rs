@@ -20,6 +20,11 @@ use crate::autoscaler::spec::{AutoscalerSpec, DecisionRecord};
 use crate::resources::{Kind, REGISTRATIONS, Registration};
 use crate::store::{Command, StoreError};
 
+/// Wall-clock seconds since the epoch (the budget ledger's clock: months are calendar months).
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Default decision interval (Knative's KPA ticks every 2 s; the forecaster's step is a
 /// minute; 10 s is the replay's bin and leaves the panic window two reports per tick).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
@@ -85,7 +90,7 @@ impl Autoscale {
     /// Applies a preemption notice: `lost` spot replicas per autoscaler name.
     pub fn preempted(&self, notice_s: f64, lost: &BTreeMap<String, u32>, committed: &Committed) -> Vec<(Change, u32)> {
         let records = committed.iter().map(|(n, (r, _))| (n.clone(), r.clone())).collect();
-        self.inner.lock().unwrap().controller.preempted(self.now_s(), notice_s, lost, &records)
+        self.inner.lock().unwrap().controller.preempted(self.now_s(), unix_now(), notice_s, lost, &records)
     }
 }
 
@@ -206,7 +211,7 @@ async fn tick_once(st: &AppState) -> Result<(), String> {
             return Ok(()); // a rate needs a second reading
         };
         let records = committed.iter().map(|(n, (r, _))| (n.clone(), r.clone())).collect();
-        let (statuses, changes) = i.controller.tick(now, &specs, &loads, &ready, &records);
+        let (statuses, changes) = i.controller.tick(now, unix_now(), &specs, &loads, &ready, &records);
         i.statuses = statuses;
         i.decided_at = Some(now);
         changes

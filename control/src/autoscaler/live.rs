@@ -19,6 +19,7 @@ use super::cost::{self, PoolPolicy, PoolSplit};
 use super::hybrid::Hybrid;
 use super::predictive::{Predictive, PredictiveConfig};
 use super::reactive::{Kpa, KpaConfig};
+use super::ledger;
 use super::spec::{AutoscalerSpec, DecisionRecord, PolicyKind};
 use super::{Decision, Policy, Reason, VariantLoad};
 
@@ -117,6 +118,24 @@ pub struct Status {
     pub decision: DecisionRecord,
     /// The policy's reason, in words.
     pub why: String,
+    /// The budget this autoscaler spends from, as paced this tick.
+    pub budget: Option<BudgetStatus>,
+}
+
+/// A budget as of one tick (shared by its autoscalers).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BudgetStatus {
+    pub name: String,
+    pub monthly_usd: f64,
+    /// This month so far.
+    pub spent_usd: f64,
+    /// The pacer's projection for the month: so far, the next interval as paced, and the rest
+    /// at the burn rate so far (or what the floors burn, if higher).
+    pub projected_usd: f64,
+    /// Some replicas were cut this tick.
+    pub limited: bool,
+    /// Even the floors (`min_replicas`) do not fit: the cap will be passed.
+    pub over_cap: bool,
 }
 
 /// A record to commit for an autoscaler, with what it replaces.
@@ -204,16 +223,18 @@ impl Controller {
     /// `ready` replicas by variant (absent: unknown, the committed target is taken as ready),
     /// `committed` the stored records. Returns every autoscaler's status and the records that
     /// change what runs.
+    #[allow(clippy::too_many_arguments)]
     pub fn tick(
         &mut self,
         now_s: f64,
+        unix_s: f64,
         specs: &BTreeMap<String, AutoscalerSpec>,
         loads: &BTreeMap<String, VariantLoad>,
         ready: &BTreeMap<String, u32>,
         committed: &BTreeMap<String, DecisionRecord>,
     ) -> (Vec<Status>, Vec<Change>) {
         self.sync(specs);
-        let (mut statuses, mut changes) = (Vec::new(), Vec::new());
+        let mut statuses = Vec::new();
         let names: Vec<String> = self.states.keys().cloned().collect();
         for name in names {
             let spec = self.states[&name].spec.clone();
@@ -245,10 +266,10 @@ impl Controller {
                 reason: reason_str(reason).into(),
                 demand_rps: spec.variant_config().demand_rps(&load),
                 forecast_rps,
+                // The ledger up to now rides along (written only if what runs changes).
+                spent_usd: old.map_or(0.0, |o| ledger::spent_now(&spec, o, unix_s)),
+                spent_at: unix_s,
             };
-            if old.is_none_or(|o| record.differs_from(o)) {
-                changes.push(Change { name: name.clone(), record: record.clone() });
-            }
             statuses.push(Status {
                 name: name.clone(),
                 variant: spec.variant.clone(),
@@ -262,9 +283,68 @@ impl Controller {
                 ready: ready_now,
                 decision: record,
                 why: why(reason).into(),
+                budget: None,
             });
         }
+        self.pace(unix_s, &mut statuses);
+        let changes = statuses
+            .iter()
+            .filter(|s| committed.get(&s.name).is_none_or(|o| s.decision.differs_from(o)))
+            .map(|s| Change { name: s.name.clone(), record: s.decision.clone() })
+            .collect();
         (statuses, changes)
+    }
+
+    /// Budget pacing: per budget, fits the decisions into what the month's cap allows for the
+    /// next interval (see `cost::pace`), cutting the least critical variants first.
+    fn pace(&self, unix_s: f64, statuses: &mut [Status]) {
+        let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, s) in statuses.iter().enumerate() {
+            if let Some(b) = self.states.get(&s.name).and_then(|st| st.spec.budget.as_ref()) {
+                groups.entry(b.name.clone()).or_default().push(i);
+            }
+        }
+        let (start, len) = ledger::month(unix_s);
+        for (name, members) in groups {
+            let specs: BTreeMap<usize, &AutoscalerSpec> = members.iter().map(|&i| (i, &self.states[&statuses[i].name].spec)).collect();
+            let spec = |i: usize| specs[&i];
+            let cap = members.iter().filter_map(|&i| spec(i).budget.as_ref()).map(|b| b.monthly_usd).fold(f64::INFINITY, f64::min);
+            let spent: f64 = members.iter().map(|&i| statuses[i].decision.spent_usd).sum();
+            let asks: Vec<cost::Ask> = members
+                .iter()
+                .map(|&i| {
+                    let d = &statuses[i].decision;
+                    let blended = if d.replicas == 0 { spec(i).price_per_hour } else { ledger::rate(spec(i), d.on_demand, d.spot) / f64::from(d.replicas) };
+                    cost::Ask { wanted: d.replicas, floor: spec(i).min_replicas, criticality: spec(i).criticality, price_per_hour: blended }
+                })
+                .collect();
+            let budget = cost::Budget { cap, period_s: len };
+            let paced = cost::pace(&budget, spent, unix_s - start, self.interval_s, &asks);
+            // The pacer's projection: spent, the next interval as paced, the rest of the month at
+            // the burn so far (or the floors' burn, if higher).
+            let per_s = |n: &dyn Fn(usize) -> u32| asks.iter().enumerate().map(|(k, a)| f64::from(n(k)) * a.price_per_hour).sum::<f64>() / 3600.0;
+            let floor_per_s = per_s(&|k| asks[k].floor);
+            let burn = if unix_s > start { (spent / (unix_s - start)).max(floor_per_s) } else { floor_per_s };
+            let projected = spent + per_s(&|k| paced.replicas[k]) * self.interval_s + burn * (start + len - unix_s - self.interval_s).max(0.0);
+            for (k, &i) in members.iter().enumerate() {
+                let n = paced.replicas[k];
+                if n < statuses[i].decision.replicas {
+                    let split = self.split(spec(i), n);
+                    let d = &mut statuses[i].decision;
+                    (d.replicas, d.on_demand, d.spot) = (n, split.on_demand, split.spot);
+                    d.reason = "budget".into();
+                    statuses[i].why = format!("cut to {n} replicas by budget {name:?}: the month's projected spend would pass its ${cap:.0} cap");
+                }
+                statuses[i].budget = Some(BudgetStatus {
+                    name: name.clone(),
+                    monthly_usd: cap,
+                    spent_usd: spent,
+                    projected_usd: projected,
+                    limited: paced.limited,
+                    over_cap: paced.over_cap,
+                });
+            }
+        }
     }
 
     /// A spot preemption notice at `now_s`: `lost` spot replicas of each autoscaler (by name)
@@ -274,6 +354,7 @@ impl Controller {
     pub fn preempted(
         &mut self,
         now_s: f64,
+        unix_s: f64,
         notice_s: f64,
         lost: &BTreeMap<String, u32>,
         committed: &BTreeMap<String, DecisionRecord>,
@@ -295,6 +376,8 @@ impl Controller {
                 spot: old.spot - n,
                 replicas: on_demand + old.spot - n,
                 reason: "preemption".into(),
+                spent_usd: ledger::spent_now(&state.spec, old, unix_s),
+                spent_at: unix_s,
                 ..old.clone()
             };
             out.push((Change { name: name.clone(), record }, replaced));
@@ -307,6 +390,9 @@ impl Controller {
 mod tests {
     use super::*;
     use crate::autoscaler::spec::SpotSpec;
+
+    /// 2026-11-30T12:00:00Z.
+    const T0: f64 = 1_796_040_000.0;
 
     fn counters(requests: u64, latency_ms_sum: f64, in_flight: u32) -> Counters {
         Counters { requests, latency_ms_sum, in_flight, queued: 0, live: true }
@@ -356,14 +442,14 @@ mod tests {
         let specs = BTreeMap::from([("chat-a".to_string(), spec(PolicyKind::Reactive))]);
         let mut c = Controller::new(10.0);
         let mut committed = BTreeMap::new();
-        let (_, ch) = c.tick(0.0, &specs, &load(5.0), &BTreeMap::new(), &committed);
+        let (_, ch) = c.tick(0.0, T0 + 0.0, &specs, &load(5.0), &BTreeMap::new(), &committed);
         assert_eq!(ch.len(), 1, "the first decision is committed");
         committed.insert("chat-a".to_string(), ch[0].record.clone());
-        let (_, ch) = c.tick(10.0, &specs, &load(5.0), &BTreeMap::new(), &committed);
+        let (_, ch) = c.tick(10.0, T0 + 10.0, &specs, &load(5.0), &BTreeMap::new(), &committed);
         assert!(ch.is_empty(), "the same target is not written again");
         // 100 rps against 1 ready replica of 10 rps: the KPA panics.
         let ready = BTreeMap::from([("a".to_string(), 1)]);
-        let (st, ch) = c.tick(20.0, &specs, &load(100.0), &ready, &committed);
+        let (st, ch) = c.tick(20.0, T0 + 20.0, &specs, &load(100.0), &ready, &committed);
         assert_eq!(st[0].decision.reason, "panic");
         assert!(ch[0].record.replicas >= 10, "{:?}", ch[0].record);
         let r = &ch[0].record;
@@ -372,15 +458,73 @@ mod tests {
     }
 
     #[test]
+    fn a_tight_budget_cuts_best_effort_first_and_the_ledger_rides_on_the_records() {
+        let mk = |variant: &str, criticality: f64, min: u32| -> AutoscalerSpec {
+            serde_json::from_value(serde_json::json!({"variant": variant, "capacity_rps": 10.0, "policy": "reactive",
+                "min_replicas": min, "max_replicas": 50, "criticality": criticality, "price_per_hour": 2.0})).unwrap()
+        };
+        let mut specs = BTreeMap::from([("chat".to_string(), mk("a", 1.0, 2)), ("batch".to_string(), mk("b", 0.0, 1))]);
+        let loads = BTreeMap::from([
+            ("a".to_string(), VariantLoad { request_rate: 100.0, ..Default::default() }),
+            ("b".to_string(), VariantLoad { request_rate: 100.0, ..Default::default() }),
+        ]);
+        let (start, len) = ledger::month(T0);
+        // Each has run 2 replicas since an hour into the month (committed then, $0 so far).
+        let ran = |name: &str| DecisionRecord {
+            variant: specs[name].variant.clone(),
+            policy: PolicyKind::Reactive,
+            replicas: 2,
+            on_demand: 2,
+            spot: 0,
+            reason: "stable".into(),
+            demand_rps: 20.0,
+            forecast_rps: None,
+            spent_usd: 0.0,
+            spent_at: start + 3600.0,
+        };
+        let committed = BTreeMap::from([("chat".to_string(), ran("chat")), ("batch".to_string(), ran("batch"))]);
+        let mut free = Controller::new(10.0);
+        let (st, _) = free.tick(0.0, T0, &specs, &loads, &BTreeMap::new(), &committed);
+        let want = |st: &[Status], n: &str| st.iter().find(|s| s.name == n).unwrap().decision.clone();
+        let (chat_wants, batch_wants) = (want(&st, "chat").replicas, want(&st, "batch").replicas);
+        assert!(chat_wants > 2 && batch_wants > 2, "both want to grow: {chat_wants} {batch_wants}");
+        let spent = want(&st, "chat").spent_usd + want(&st, "batch").spent_usd;
+        assert!((spent - 2.0 * ledger::spent_now(&specs["chat"], &ran("chat"), T0)).abs() < 1e-9);
+        assert!((spent - 2.0 * 2.0 * 2.0 * (T0 - start - 3600.0) / 3600.0).abs() < 1e-6, "2 replicas × $2/h each since then");
+        // A cap that leaves room, beyond the projected burn, for chat's wish and batch's floor.
+        let floor_per_s = (2.0 + 1.0) * 2.0 / 3600.0;
+        let burn = (spent / (T0 - start)).max(floor_per_s);
+        let cap = spent + burn * (start + len - T0 - 10.0) + f64::from(chat_wants + 1) * 2.0 * 10.0 / 3600.0 + 1e-7;
+        for s in specs.values_mut() {
+            s.budget = Some(crate::autoscaler::spec::BudgetSpec { name: "team".into(), monthly_usd: cap });
+        }
+        let mut c = Controller::new(10.0);
+        let (st, ch) = c.tick(0.0, T0, &specs, &loads, &BTreeMap::new(), &committed);
+        let (chat, batch) = (want(&st, "chat"), want(&st, "batch"));
+        assert_eq!(chat.replicas, chat_wants, "the critical variant keeps what it needs");
+        assert_eq!((batch.replicas, batch.reason.as_str()), (1, "budget"), "best effort is cut to its floor first");
+        let b = st[0].budget.as_ref().unwrap();
+        assert!(b.limited && !b.over_cap && b.projected_usd <= cap + 1e-6, "{b:?}");
+        assert!(ch.iter().all(|c| c.record.spent_at == T0), "committed records carry the ledger to now");
+        // A cap the floors alone pass: cut to the floors and say so.
+        for s in specs.values_mut() {
+            s.budget = Some(crate::autoscaler::spec::BudgetSpec { name: "team".into(), monthly_usd: spent });
+        }
+        let (st, _) = c.tick(10.0, T0 + 10.0, &specs, &loads, &BTreeMap::new(), &committed);
+        assert_eq!((want(&st, "chat").replicas, want(&st, "batch").replicas), (2, 1));
+        assert!(st[0].budget.as_ref().unwrap().over_cap);
+    }
+
+    #[test]
     fn a_changed_spec_gets_a_fresh_policy_and_bounds() {
         let mut specs = BTreeMap::from([("chat-a".to_string(), spec(PolicyKind::Hybrid))]);
         let mut c = Controller::new(10.0);
-        c.tick(0.0, &specs, &load(5.0), &BTreeMap::new(), &BTreeMap::new());
+        c.tick(0.0, T0 + 0.0, &specs, &load(5.0), &BTreeMap::new(), &BTreeMap::new());
         specs.get_mut("chat-a").unwrap().min_replicas = 7;
-        let (st, _) = c.tick(10.0, &specs, &load(5.0), &BTreeMap::new(), &BTreeMap::new());
+        let (st, _) = c.tick(10.0, T0 + 10.0, &specs, &load(5.0), &BTreeMap::new(), &BTreeMap::new());
         assert_eq!(st[0].decision.replicas, 7);
         specs.clear();
-        let (st, _) = c.tick(20.0, &specs, &load(5.0), &BTreeMap::new(), &BTreeMap::new());
+        let (st, _) = c.tick(20.0, T0 + 20.0, &specs, &load(5.0), &BTreeMap::new(), &BTreeMap::new());
         assert!(st.is_empty());
     }
 
@@ -392,11 +536,11 @@ mod tests {
         let mut c = Controller::new(10.0);
         let l = load(55.0);
         let ready = BTreeMap::from([("a".to_string(), 8)]);
-        let (_, ch) = c.tick(0.0, &specs, &l, &ready, &BTreeMap::new());
+        let (_, ch) = c.tick(0.0, T0 + 0.0, &specs, &l, &ready, &BTreeMap::new());
         let mut committed = BTreeMap::from([("chat-a".to_string(), ch[0].record.clone())]);
         let before = ch[0].record.clone();
         assert!(before.spot >= 2, "{before:?}");
-        let out = c.preempted(5.0, 120.0, &BTreeMap::from([("chat-a".to_string(), 2)]), &committed);
+        let out = c.preempted(5.0, T0 + 5.0, 120.0, &BTreeMap::from([("chat-a".to_string(), 2)]), &committed);
         let (change, replaced) = &out[0];
         assert_eq!(*replaced, 2);
         assert_eq!(change.record.on_demand, before.on_demand + 2);
@@ -404,7 +548,7 @@ mod tests {
         assert_eq!(change.record.reason, "preemption");
         committed.insert("chat-a".to_string(), change.record.clone());
         // The next tick keeps the replacements on on-demand (the spot pool is being taken).
-        let (st, _) = c.tick(10.0, &specs, &l, &ready, &committed);
+        let (st, _) = c.tick(10.0, T0 + 10.0, &specs, &l, &ready, &committed);
         assert!(st[0].decision.on_demand >= before.on_demand + 2, "{:?}", st[0].decision);
 
         // A best-effort variant is not replaced.
@@ -412,9 +556,9 @@ mod tests {
         be.criticality = 0.0;
         let specs = BTreeMap::from([("batch".to_string(), be)]);
         let mut c = Controller::new(10.0);
-        let (_, ch) = c.tick(0.0, &specs, &l, &ready, &BTreeMap::new());
+        let (_, ch) = c.tick(0.0, T0 + 0.0, &specs, &l, &ready, &BTreeMap::new());
         let committed = BTreeMap::from([("batch".to_string(), ch[0].record.clone())]);
-        let out = c.preempted(5.0, 120.0, &BTreeMap::from([("batch".to_string(), 2)]), &committed);
+        let out = c.preempted(5.0, T0 + 5.0, 120.0, &BTreeMap::from([("batch".to_string(), 2)]), &committed);
         assert_eq!(out[0].1, 0);
         assert_eq!(out[0].0.record.replicas, ch[0].record.replicas - 2);
     }

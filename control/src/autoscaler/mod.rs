@@ -26,6 +26,7 @@ pub mod capacity;
 pub mod cost;
 pub mod forecast;
 pub mod hybrid;
+pub mod ledger;
 pub mod live;
 pub mod predictive;
 pub mod reactive;

@@ -38,6 +38,16 @@ pub struct SpotSpec {
     pub preemptions_per_hour: f64,
 }
 
+/// A monthly spending cap shared by every autoscaler that names it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSpec {
+    pub name: String,
+    /// The cap per UTC calendar month (the smallest one given wins when autoscalers of one
+    /// budget disagree).
+    pub monthly_usd: f64,
+}
+
 /// An autoscaler for one variant.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,6 +77,13 @@ pub struct AutoscalerSpec {
     /// Without it, every replica runs on on-demand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spot: Option<SpotSpec>,
+    /// What an on-demand replica costs per hour (for the budget; 0 = not counted).
+    #[serde(default)]
+    pub price_per_hour: f64,
+    /// Pace this variant's spend with the others of the budget: when the month's projected
+    /// spend would pass the cap, replicas are cut, least critical first, down to `min_replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
 }
 
 fn default_cold_start() -> f64 {
@@ -118,6 +135,17 @@ impl AutoscalerSpec {
         if !(0.0..=1.0).contains(&self.criticality) {
             return Err(("criticality", format!("{} is not in [0, 1]", self.criticality)));
         }
+        if !(self.price_per_hour.is_finite() && self.price_per_hour >= 0.0) {
+            return Err(("price_per_hour", format!("{} must be 0 or more", self.price_per_hour)));
+        }
+        if let Some(b) = &self.budget {
+            if b.name.trim().is_empty() {
+                return Err(("budget.name", "must name the budget the autoscalers share".into()));
+            }
+            if !(b.monthly_usd.is_finite() && b.monthly_usd > 0.0 && b.monthly_usd <= 1e12) {
+                return Err(("budget.monthly_usd", format!("{} must be above 0 and at most 1e12", b.monthly_usd)));
+            }
+        }
         if let Some(s) = &self.spot {
             if !(s.price_per_hour.is_finite() && s.price_per_hour >= 0.0) {
                 return Err(("spot.price_per_hour", format!("{} must be 0 or more", s.price_per_hour)));
@@ -158,6 +186,11 @@ pub struct DecisionRecord {
     pub demand_rps: f64,
     #[serde(default)]
     pub forecast_rps: Option<f64>,
+    /// This month's spend of the autoscaler up to `spent_at` (unix seconds); see `ledger`.
+    #[serde(default)]
+    pub spent_usd: f64,
+    #[serde(default)]
+    pub spent_at: f64,
 }
 
 impl DecisionRecord {
@@ -199,7 +232,9 @@ mod tests {
 
     #[test]
     fn each_bad_field_is_named() {
-        let cases: [(fn(&mut AutoscalerSpec), &str); 6] = [
+        let cases: [(fn(&mut AutoscalerSpec), &str); 8] = [
+            (|s| s.price_per_hour = f64::NAN, "price_per_hour"),
+            (|s| s.budget = Some(BudgetSpec { name: "team".into(), monthly_usd: 0.0 }), "budget.monthly_usd"),
             (|s| s.capacity_rps = 0.0, "capacity_rps"),
             (|s| s.cold_start_s = 1e308, "cold_start_s"),
             (|s| s.min_replicas = 200, "min_replicas"),
@@ -228,6 +263,8 @@ mod tests {
             reason: "stable".into(),
             demand_rps: 20.0,
             forecast_rps: None,
+            spent_usd: 0.0,
+            spent_at: 0.0,
         };
         let resized = DecisionRecord { demand_rps: 21.0, reason: "forecast".into(), ..a.clone() };
         assert!(!resized.differs_from(&a));

@@ -13,8 +13,29 @@ fn rps(v: &Value) -> String {
 pub fn status_table(body: &Value) -> String {
     let mut rows = Vec::new();
     let mut whys = Vec::new();
+    let mut budgets = std::collections::BTreeMap::new();
     for it in body["items"].as_array().into_iter().flatten() {
         let s = &it["status"];
+        let b = &s["budget"];
+        if !b.is_null() {
+            let state = if b["over_cap"] == Value::Bool(true) {
+                "OVER CAP even at min_replicas"
+            } else if b["limited"] == Value::Bool(true) {
+                "limiting (replicas cut, least critical first)"
+            } else {
+                "within"
+            };
+            budgets.insert(
+                cell(&b["name"]),
+                format!(
+                    "budget {}: ${:.2} spent this month, ${:.2} projected of ${:.2}: {state}",
+                    cell(&b["name"]),
+                    b["spent_usd"].as_f64().unwrap_or(0.0),
+                    b["projected_usd"].as_f64().unwrap_or(0.0),
+                    b["monthly_usd"].as_f64().unwrap_or(0.0)
+                ),
+            );
+        }
         let d = if s.is_null() { &it["committed"]["decision"] } else { &s["decision"] };
         let target = if d.is_null() {
             "-".to_string()
@@ -39,7 +60,7 @@ pub fn status_table(body: &Value) -> String {
     }
     let mut out = table(&["NAME", "VARIANT", "POLICY", "DEMAND/s", "FORECAST/s", "READY", "TARGET", "REASON"], &rows);
     out.push('\n');
-    for w in whys {
+    for w in whys.into_iter().chain(budgets.into_values()) {
         out.push_str(&w);
         out.push('\n');
     }
@@ -99,5 +120,10 @@ mod tests {
         assert!(t.contains("chat-a") && t.contains("42.2") && t.contains("50.0") && t.contains("6 (3 od + 3 spot)"), "{t}");
         assert!(t.contains("forecast") && t.contains("chat-a: ahead of the forecast"), "{t}");
         assert!(t.contains("chat-b: no decision yet"), "{t}");
+        let mut body = body;
+        body["items"][0]["status"]["budget"] =
+            json!({"name": "team", "spent_usd": 10.0, "projected_usd": 95.5, "monthly_usd": 100.0, "limited": true, "over_cap": false});
+        let t = status_table(&body);
+        assert!(t.contains("budget team: $10.00 spent this month, $95.50 projected of $100.00: limiting"), "{t}");
     }
 }
