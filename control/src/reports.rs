@@ -392,6 +392,7 @@ fn worker_state(t: &v1::TrainingReport, age_ms: u64) -> crate::shards::checkpoin
             .collect(),
         draining: t.draining,
         ready_to_stop: t.ready_to_stop,
+        host: t.host.clone(),
         age_ms,
     }
 }

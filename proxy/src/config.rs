@@ -460,6 +460,8 @@ impl Default for Otlp {
 ///   worker: llama-ft-3                    # its name in the shard map; default node.id
 ///   checkpoint_hook: "http://127.0.0.1:7070/checkpoint"   # empty = no hook
 ///   hook_deadline: 60s                    # how long a drain waits for the hook
+///   host: ""                              # the machine preemption notices name; default
+///                                         # $NODE_NAME, else node.id
 /// ```
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -468,11 +470,18 @@ pub struct Training {
     pub worker: String,
     pub checkpoint_hook: String,
     pub hook_deadline: Dur,
+    pub host: String,
 }
 
 impl Default for Training {
     fn default() -> Self {
-        Training { job: String::new(), worker: String::new(), checkpoint_hook: String::new(), hook_deadline: Dur::from_millis(60_000) }
+        Training {
+            job: String::new(),
+            worker: String::new(),
+            checkpoint_hook: String::new(),
+            hook_deadline: Dur::from_millis(60_000),
+            host: String::new(),
+        }
     }
 }
 

@@ -220,3 +220,46 @@ async fn drain_calls_the_trainers_checkpoint_hook_before_ready_to_stop() {
     let (s, body) = api(&c, Method::POST, side.admin, "/training/checkpoint", Some(json!({"version": 1, "step": 5, "location": ""}))).await;
     assert_eq!((s, body["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("location")), "{body}");
 }
+
+/// A spot preemption notice for a training worker's node: its sidecar calls the trainer's
+/// checkpoint hook, and the whole gang checkpoints at a step the control plane picks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preemption_notice_drains_the_workers_on_that_node_and_checkpoints_the_gang() {
+    let root = tempfile::tempdir().unwrap();
+    let c = client();
+    let node = ControlProc::start(1, root.path(), true, None);
+    wait_for("the control node leads", Duration::from_secs(20), || async { node.status(&c).await.filter(|s| s["leader"] == json!(1)) }).await;
+    create_job(&c, &node, 2, &[1_000_000, 1_000_000]).await;
+    let dir = root.path().join("w");
+    let mut procs = Vec::new();
+    for i in 0..2 {
+        let w = format!("{JOB}-{i}");
+        let hook = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        // The sidecar's host defaults to its node id: the worker name here.
+        let side = SidecarProc::training(&w, &dir, &[&node], JOB, Some(hook));
+        let trainer = TrainerProc::start(&w, side.admin, &dir, 10, Some(hook));
+        procs.push((side, trainer));
+    }
+    wait_for("both trainers run", Duration::from_secs(30), || async {
+        let st = status(&c, &node).await;
+        (0..2).all(|i| st["trainers"][format!("{JOB}-{i}")]["step"].as_u64().is_some_and(|s| s > 3)).then_some(())
+    })
+    .await;
+    let (s, body) = api(&c, Method::POST, node.api, "/v1/autoscale/preemption", Some(json!({"node": format!("{JOB}-1"), "notice_s": 20, "checkpoint_after_steps": 60}))).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let t = &body["training"][0];
+    assert_eq!((t["job"].as_str(), t["draining"].clone()), (Some(JOB), json!([format!("{JOB}-1")])), "{body}");
+    let k = t["checkpoint_at"].as_u64().expect("a gang checkpoint step");
+    let st = wait_for("the preempted worker is ready to stop and the gang checkpointed at the chosen step", Duration::from_secs(30), || async {
+        let st = status(&c, &node).await;
+        (st["trainers"][format!("{JOB}-1")]["ready_to_stop"] == true && last_step(&st).is_some_and(|x| x >= k)).then_some(st)
+    })
+    .await;
+    assert!(procs[1].1.log_text().contains("hook checkpoint step="), "the hook ran on the preempted worker");
+    assert_ne!(st["trainers"][format!("{JOB}-0")]["draining"], true, "the other node's worker is not drained");
+    assert!(!procs[0].1.log_text().contains("hook checkpoint"), "nor its hook called");
+    let files: Vec<String> = std::fs::read_dir(dir.join("ckpt").join(JOB)).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    for rank in 0..2 {
+        assert!(files.iter().any(|f| f.starts_with(&format!("m1-s{k}-r{rank}-"))), "rank {rank} checkpointed at step {k}: {files:?}");
+    }
+}

@@ -61,6 +61,10 @@ pub struct Notice {
     /// Seconds until the capacity goes (AWS gives 120, GCP 30).
     #[serde(default = "default_notice")]
     pub notice_s: f64,
+    /// Training jobs on the node checkpoint this many steps past their furthest rank
+    /// (default 5; make it cover the steps ranks run while the notice travels).
+    #[serde(default)]
+    pub checkpoint_after_steps: Option<u64>,
 }
 
 fn default_notice() -> f64 {
@@ -111,8 +115,23 @@ pub async fn preemption(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResu
     st.node.linearize().await?;
     let specs = crate::scaling::specs(&st)?;
     let committed = crate::scaling::committed(&st)?;
+    // Training workers on the node: their sidecars call the trainer's checkpoint hook, and the
+    // whole gang checkpoints at a step a few past the furthest rank.
+    let training = match &notice.node {
+        Some(node) => {
+            let after = notice.checkpoint_after_steps.unwrap_or(PREEMPTION_CHECKPOINT_STEPS);
+            if !(1..=1_000_000).contains(&after) {
+                return Err(unprocessable("checkpoint_after_steps", format!("{after} is not in 1..=1000000")));
+            }
+            preempt_training(&st, node, notice.notice_s, after).await?
+        }
+        None => Vec::new(),
+    };
     let lost = match (&notice.node, &notice.autoscaler, notice.replicas) {
-        (Some(node), None, None) => lost_on_node(&st, node, &specs)?,
+        (Some(node), None, None) => match lost_on_node(&st, node, &specs) {
+            Err(_) if !training.is_empty() => BTreeMap::new(),
+            other => other?,
+        },
         (None, Some(name), Some(n)) => {
             if !specs.contains_key(name) {
                 return Err(unprocessable("autoscaler", format!("no autoscaler {name:?}")));
@@ -139,5 +158,48 @@ pub async fn preemption(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResu
             })
         })
         .collect();
-    Ok(Json(json!({"revision": revision, "replaced": replaced})))
+    Ok(Json(json!({"revision": revision, "replaced": replaced, "training": training})))
+}
+
+/// Steps past the furthest rank at which a preempted gang checkpoints.
+const PREEMPTION_CHECKPOINT_STEPS: u64 = 5;
+
+/// Marks the training workers whose sidecars report `host == node` as draining in their jobs'
+/// maps (their sidecars call the checkpoint hook within `notice_s`) and asks each such job for
+/// a coordinated checkpoint a few steps ahead. Returns what was done per job.
+async fn preempt_training(st: &AppState, node: &str, notice_s: f64, after_steps: u64) -> ApiResult<Vec<Value>> {
+    let mut out = Vec::new();
+    for (job, workers) in crate::training::workers(st).await {
+        let here: Vec<String> = workers.values().filter(|w| w.host == node).map(|w| w.worker.clone()).collect();
+        if here.is_empty() {
+            continue;
+        }
+        let (map, revision) = crate::training::stored_map(st, &job)?;
+        let Some(mut map) = map.filter(|m| m.completed.is_none()) else { continue };
+        let members: Vec<String> = here.into_iter().filter(|w| map.ranks.iter().any(|r| &r.worker == w)).collect();
+        if members.is_empty() {
+            continue;
+        }
+        let furthest = map.ranks.iter().filter_map(|r| workers.get(&r.worker)).filter(|w| w.map_version == map.version).map(|w| w.step).max();
+        if let Some(f) = furthest {
+            map.checkpoint_at = Some(f + after_steps);
+        }
+        for w in &members {
+            if !map.draining.contains(w) {
+                map.draining.push(w.clone());
+            }
+        }
+        map.drain_deadline_ms = (notice_s * 1000.0) as u64;
+        let value_json = serde_json::to_string(&map).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+        let cmd = crate::store::Command::Put {
+            kind: Kind::ShardMaps.as_str().into(),
+            name: job.clone(),
+            value_json,
+            expect_revision: Some(revision),
+        };
+        st.node.write(cmd).await?;
+        tracing::warn!(%job, ?members, checkpoint_at = ?map.checkpoint_at, "preemption notice: training workers draining, gang checkpoint requested");
+        out.push(json!({"job": job, "draining": members, "checkpoint_at": map.checkpoint_at}));
+    }
+    Ok(out)
 }

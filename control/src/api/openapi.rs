@@ -113,7 +113,7 @@ pub async fn document() -> Json<Value> {
             "/v1/autoscale/preemption": {"post": {"summary": "A spot preemption notice: critical replicas replaced on on-demand at once",
                 "requestBody": body(json!({"type": "object", "additionalProperties": false, "properties": {
                     "node": {"type": "string"}, "autoscaler": {"type": "string"},
-                    "replicas": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}, "notice_s": {"type": "number", "minimum": 0}}})),
+                    "replicas": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}, "notice_s": {"type": "number", "minimum": 0}, "checkpoint_after_steps": {"type": "integer", "minimum": 0, "maximum": 18446744073709551615u64}}})),
                 "responses": responses(json!({"type": "object", "properties": {"revision": {"type": "integer"}, "replaced": {"type": "array"}}}))}},
             "/v1/load": {"get": {"summary": "Per experiment variant: cumulative requests, errors and latency sketch reported by the sidecars (this node's, or merged over every node)",
                 "parameters": [{"name": "scope", "in": "query", "required": false, "schema": {"type": "string", "enum": ["cluster", "local"]}},

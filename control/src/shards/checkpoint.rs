@@ -101,6 +101,8 @@ pub struct WorkerState {
     pub checkpoints: Vec<Reported>,
     pub draining: bool,
     pub ready_to_stop: bool,
+    #[serde(default)]
+    pub host: String,
     /// How old the report is on the control node that holds it (ms).
     #[serde(default)]
     pub age_ms: u64,

@@ -205,6 +205,12 @@ pub struct ShardMapRecord {
     /// An extra barrier step asked for (`POST /v1/training/{job}/checkpoint`).
     #[serde(default)]
     pub checkpoint_at: Option<u64>,
+    /// Workers whose node is being preempted (their sidecars call the checkpoint hook), and
+    /// the notice's deadline in milliseconds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub draining: Vec<String>,
+    #[serde(default)]
+    pub drain_deadline_ms: u64,
 }
 
 impl ShardMapRecord {
@@ -219,6 +225,8 @@ impl ShardMapRecord {
             resume: self.resume.as_ref().map(Manifest::to_xds),
             completed: self.completed.as_ref().map(Manifest::to_xds),
             checkpoint_at: self.checkpoint_at.unwrap_or(0),
+            draining: self.draining.clone(),
+            drain_deadline_ms: self.drain_deadline_ms,
             ranks: self
                 .ranks
                 .iter()
@@ -318,6 +326,8 @@ pub fn next_map(
         resume: None,
         completed: None,
         checkpoint_at: None,
+        draining: Vec::new(),
+        drain_deadline_ms: 0,
     })
 }
 

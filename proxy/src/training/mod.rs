@@ -12,7 +12,7 @@ pub mod api;
 pub mod hook;
 pub mod state;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config;
@@ -44,8 +44,15 @@ impl Trainer {
         if t.hook_deadline.is_zero() || t.hook_deadline.0 > Duration::from_secs(3600) {
             return Err("training.hook_deadline: must be above 0 and at most 1h".into());
         }
+        let host = if !t.host.is_empty() {
+            t.host.clone()
+        } else {
+            std::env::var("NODE_NAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| node_id.to_owned())
+        };
+        let mut state = State::new(t.job.clone(), worker);
+        state.host = host;
         Ok(Trainer {
-            state: Mutex::new(State::new(t.job.clone(), worker)),
+            state: Mutex::new(state),
             changed: tokio::sync::watch::Sender::new(0),
             hook,
             hook_deadline: t.hook_deadline.0,
@@ -56,12 +63,24 @@ impl Trainer {
         self.state.lock().unwrap().job.clone()
     }
 
-    /// A State-of-the-World push of shard maps (the xDS client's verdict).
-    pub fn absorb(&self, resources: &[weft_xds::transport::Any]) -> Result<(), String> {
-        let mut s = self.state.lock().unwrap();
-        if s.absorb(resources)? {
-            tracing::info!(job = %s.job, revision = s.revision(), "shard map updated");
-            self.changed.send_replace(s.revision());
+    /// A State-of-the-World push of shard maps (the xDS client's verdict). A map that names
+    /// this worker as draining (its node got a preemption notice) starts the drain: the
+    /// checkpoint hook is called in the background, within the notice's deadline.
+    pub fn absorb(self: &Arc<Self>, resources: &[weft_xds::transport::Any]) -> Result<(), String> {
+        let notice = {
+            let mut s = self.state.lock().unwrap();
+            if s.absorb(resources)? {
+                tracing::info!(job = %s.job, revision = s.revision(), "shard map updated");
+                self.changed.send_replace(s.revision());
+            }
+            s.take_notice()
+        };
+        if let Some(deadline) = notice {
+            let t = self.clone();
+            tracing::warn!("preemption notice for this worker: calling the trainer's checkpoint hook");
+            tokio::spawn(async move {
+                t.drain_within("preemption", deadline).await;
+            });
         }
         Ok(())
     }
@@ -74,22 +93,29 @@ impl Trainer {
     /// reports say `draining` meanwhile and `ready_to_stop` after. Returns what happened,
     /// for the drain's answer and the log.
     pub async fn drain(&self, reason: &str) -> serde_json::Value {
+        self.drain_within(reason, Duration::ZERO).await
+    }
+
+    /// [`drain`](Self::drain) with a deadline of its own (zero = the configured one; a
+    /// shorter one wins).
+    pub async fn drain_within(&self, reason: &str, deadline: Duration) -> serde_json::Value {
+        let hook_deadline = if deadline.is_zero() { self.hook_deadline } else { deadline.min(self.hook_deadline) };
         let (before, body) = {
             let mut s = self.state.lock().unwrap();
             s.set_draining(false);
             let body = serde_json::json!({
                 "job": s.job, "worker": s.worker, "reason": reason,
-                "deadline_ms": self.hook_deadline.as_millis() as u64,
+                "deadline_ms": hook_deadline.as_millis() as u64,
                 "step": s.report(Instant::now()).step,
             });
             (s.last_checkpoint(), body)
         };
         let outcome = match &self.hook {
             None => "no checkpoint hook configured".to_string(),
-            Some(h) => match tokio::time::timeout(self.hook_deadline, h.call(body)).await {
+            Some(h) => match tokio::time::timeout(hook_deadline, h.call(body)).await {
                 Ok(Ok(())) => "ok".into(),
                 Ok(Err(e)) => format!("hook failed: {e}"),
-                Err(_) => format!("hook did not answer within {:?}", self.hook_deadline),
+                Err(_) => format!("hook did not answer within {hook_deadline:?}"),
             },
         };
         let mut s = self.state.lock().unwrap();

@@ -19,6 +19,10 @@ pub const KEPT_CHECKPOINTS: usize = 16;
 pub struct State {
     pub job: String,
     pub worker: String,
+    /// The machine it runs on (what preemption notices name).
+    pub host: String,
+    /// A preemption notice for this worker was acted on.
+    noticed: bool,
     map: Option<v1::ShardMap>,
     /// Increases with every push that changed the map (what `/training/map?after=` compares).
     revision: u64,
@@ -68,6 +72,8 @@ impl State {
         State {
             job,
             worker,
+            host: String::new(),
+            noticed: false,
             map: None,
             revision: 0,
             acked: 0,
@@ -102,6 +108,17 @@ impl State {
         self.map = mine;
         self.revision += 1;
         Ok(true)
+    }
+
+    /// A preemption notice the pushed map carries for this worker, not acted on yet: its
+    /// deadline (zero = none given). Marks it acted on.
+    pub fn take_notice(&mut self) -> Option<std::time::Duration> {
+        let m = self.map.as_ref()?;
+        if self.noticed || !m.draining.iter().any(|w| w == &self.worker) {
+            return None;
+        }
+        self.noticed = true;
+        Some(std::time::Duration::from_millis(m.drain_deadline_ms))
     }
 
     /// A call from the trainer: it is alive.
@@ -169,6 +186,7 @@ impl State {
             checkpoints: self.checkpoints.iter().cloned().collect(),
             draining: self.draining,
             ready_to_stop: self.ready_to_stop,
+            host: self.host.clone(),
         }
     }
 
