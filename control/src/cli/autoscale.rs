@@ -98,15 +98,34 @@ pub fn preemption_table(body: &Value) -> String {
             ]
         })
         .collect();
-    if rows.is_empty() {
-        return "no autoscaled spot replicas affected\n".into();
+    let mut out = if rows.is_empty() {
+        "no autoscaled spot replicas affected\n".to_string()
+    } else {
+        table(&["AUTOSCALER", "VARIANT", "SPOT LOST", "ON-DEMAND STARTED", "TARGET"], &rows)
+    };
+    for t in body["training"].as_array().into_iter().flatten() {
+        let workers: Vec<String> = t["draining"].as_array().into_iter().flatten().map(cell).collect();
+        out.push_str(&format!(
+            "training job {}: {} draining (their checkpoint hooks are called); the gang checkpoints at step {}\n",
+            cell(&t["job"]),
+            workers.join(", "),
+            cell(&t["checkpoint_at"])
+        ));
     }
-    table(&["AUTOSCALER", "VARIANT", "SPOT LOST", "ON-DEMAND STARTED", "TARGET"], &rows)
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn preemption_lists_replacements_and_draining_training_workers() {
+        let body = json!({"replaced": [], "training": [{"job": "llm", "draining": ["llm-3"], "checkpoint_at": 1205}]});
+        let t = preemption_table(&body);
+        assert!(t.contains("no autoscaled spot replicas affected"), "{t}");
+        assert!(t.contains("training job llm: llm-3 draining") && t.contains("checkpoints at step 1205"), "{t}");
+    }
 
     #[test]
     fn status_shows_demand_forecast_decision_and_why() {
