@@ -85,11 +85,16 @@ pub struct Series {
     latency_us: AtomicU64,
     tokens_in: AtomicU64,
     tokens_out: AtomicU64,
-    /// Latencies of an experiment variant's requests (none for other series): the load
-    /// reports carry them so the control plane can judge the experiment.
-    sketch: Option<Mutex<LogSketch>>,
-    /// The same for the time to first byte (first token of a stream).
-    ttfb_sketch: Option<Mutex<LogSketch>>,
+    /// Latencies and times to first byte of an experiment variant's requests (none for other
+    /// series): the load reports carry them so the control plane can judge the experiment.
+    /// One lock for both: a request takes it once.
+    sketches: Option<Mutex<Sketches>>,
+}
+
+#[derive(Default)]
+struct Sketches {
+    latency: LogSketch,
+    ttfb: LogSketch,
 }
 
 /// Cumulative per-variant totals since start (non-shadow requests); the reporter sends the
@@ -324,8 +329,7 @@ impl Telemetry {
             latency_us: AtomicU64::new(0),
             tokens_in: AtomicU64::new(0),
             tokens_out: AtomicU64::new(0),
-            sketch: (!labels.shadow && !labels.variant.is_empty()).then(|| Mutex::new(LogSketch::new())),
-            ttfb_sketch: (!labels.shadow && !labels.variant.is_empty()).then(|| Mutex::new(LogSketch::new())),
+            sketches: (!labels.shadow && !labels.variant.is_empty()).then(|| Mutex::new(Sketches::default())),
         });
         bucket.push((labels.clone(), s.clone()));
         s
@@ -375,9 +379,6 @@ impl Telemetry {
         let s = self.series(labels);
         if let Some(d) = ttfb {
             s.ttfb.record(d.as_secs_f64());
-            if let Some(sk) = &s.ttfb_sketch {
-                sk.lock().unwrap().add(d.as_secs_f64() * 1000.0);
-            }
         }
         if let Some(t) = tokens {
             s.input_tokens.increment(t.input);
@@ -389,8 +390,12 @@ impl Telemetry {
         s.duration.record(duration.as_secs_f64());
         s.count.fetch_add(1, Ordering::Relaxed);
         s.latency_us.fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
-        if let Some(sk) = &s.sketch {
-            sk.lock().unwrap().add(duration.as_secs_f64() * 1000.0);
+        if let Some(sk) = &s.sketches {
+            let mut sk = sk.lock().unwrap();
+            sk.latency.add(duration.as_secs_f64() * 1000.0);
+            if let Some(d) = ttfb {
+                sk.ttfb.add(d.as_secs_f64() * 1000.0);
+            }
         }
         if retries > 0 {
             s.retries.increment(retries as u64);
@@ -413,14 +418,13 @@ impl Telemetry {
                 t.errors += n;
             }
             t.latency_us += s.latency_us.load(Ordering::Relaxed);
-            if let Some(sk) = &s.sketch {
-                t.latency.merge(&sk.lock().unwrap());
+            if let Some(sk) = &s.sketches {
+                let sk = sk.lock().unwrap();
+                t.latency.merge(&sk.latency);
+                t.ttfb.merge(&sk.ttfb);
             }
             t.input_tokens += s.tokens_in.load(Ordering::Relaxed);
             t.output_tokens += s.tokens_out.load(Ordering::Relaxed);
-            if let Some(sk) = &s.ttfb_sketch {
-                t.ttfb.merge(&sk.lock().unwrap());
-            }
         }
         out
     }

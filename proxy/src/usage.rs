@@ -26,10 +26,11 @@ pub struct StreamInfo {
 }
 
 /// Whether a response with this `content-type` is scanned for usage.
+/// (Per response on the request path: compares bytes, allocates nothing.)
 pub fn scanned(content_type: Option<&[u8]>) -> bool {
     let Some(ct) = content_type else { return false };
-    let ct = String::from_utf8_lossy(ct).to_ascii_lowercase();
-    ct.starts_with("application/json") || ct.starts_with("text/event-stream") || ct.starts_with("application/x-ndjson")
+    let starts = |p: &[u8]| ct.len() >= p.len() && ct[..p.len()].eq_ignore_ascii_case(p);
+    starts(b"application/json") || starts(b"text/event-stream") || starts(b"application/x-ndjson")
 }
 
 /// The last [`TAIL`] bytes of a body.
