@@ -104,10 +104,12 @@ pub async fn workers(st: &AppState) -> BTreeMap<String, BTreeMap<String, WorkerS
     out
 }
 
-async fn put<T: serde::Serialize>(st: &AppState, kind: Kind, name: &str, value: &T, expect: u64) -> Result<u64, String> {
-    let value_json = serde_json::to_string(value).map_err(|e| e.to_string())?;
+/// Writes `value` as `<kind>/<name>`, conditional on `expect` (its revision when read).
+#[allow(clippy::result_large_err)] // StoreError wraps openraft's StorageError unchanged
+pub async fn put<T: serde::Serialize>(st: &AppState, kind: Kind, name: &str, value: &T, expect: u64) -> Result<u64, StoreError> {
+    let value_json = serde_json::to_string(value).expect("training records serialize");
     let cmd = Command::Put { kind: kind.as_str().into(), name: name.into(), value_json, expect_revision: Some(expect) };
-    st.node.write(cmd).await.map_err(|e| format!("storing {}/{name}: {e}", kind.as_str()))
+    st.node.write(cmd).await
 }
 
 async fn pass(st: Arc<AppState>) -> Result<(), String> {
@@ -158,10 +160,10 @@ async fn job_pass(
             tracing::info!(job = %name, step = m.step, map = m.map_version, ranks = m.parts.len(), r#final = m.r#final, "checkpoint complete");
             let is_final = m.r#final;
             ck.push(m.clone());
-            put(st, Kind::Checkpoints, name, &ck, ck_rev).await?;
+            put(st, Kind::Checkpoints, name, &ck, ck_rev).await.map_err(|e| e.to_string())?;
             if is_final {
                 let done = ShardMapRecord { completed: Some(m), ..map.clone() };
-                put(st, Kind::ShardMaps, name, &done, map_rev).await?;
+                put(st, Kind::ShardMaps, name, &done, map_rev).await.map_err(|e| e.to_string())?;
                 tracing::info!(job = %name, "training job completed");
                 return Ok(());
             }
@@ -177,7 +179,7 @@ async fn job_pass(
             }
             let mut next = next_map(name, spec, revision, prev.as_ref(), &BTreeSet::new())?;
             next.resume = ck.last.clone();
-            put(st, Kind::ShardMaps, name, &next, map_rev).await?;
+            put(st, Kind::ShardMaps, name, &next, map_rev).await.map_err(|e| e.to_string())?;
             st.training.inner.lock().unwrap().pending.remove(name);
             tracing::info!(job = %name, version = next.version, workers = next.workers, moved = next.moved,
                 resume = ?next.resume.as_ref().map(|m| m.step), "shard map committed");
@@ -208,7 +210,7 @@ async fn job_pass(
     let mut smaller = spec.clone();
     smaller.workers = alive;
     let (spec, revision) = if alive >= 1 && smaller.validate().is_ok() {
-        let rev = put(st, Kind::TrainingJobs, name, &smaller, revision).await?;
+        let rev = put(st, Kind::TrainingJobs, name, &smaller, revision).await.map_err(|e| e.to_string())?;
         (smaller, rev)
     } else {
         (spec.clone(), revision) // replaced by fresh workers instead
@@ -216,7 +218,7 @@ async fn job_pass(
     let dead_set: BTreeSet<String> = gone.iter().cloned().collect();
     let mut next = next_map(name, &spec, revision, Some(map), &dead_set)?;
     next.resume = ck.last.clone();
-    map_rev = put(st, Kind::ShardMaps, name, &next, map_rev).await?;
+    map_rev = put(st, Kind::ShardMaps, name, &next, map_rev).await.map_err(|e| e.to_string())?;
     tracing::warn!(job = %name, dead = ?gone, workers = next.workers, version = next.version, map_revision = map_rev,
         resume = ?next.resume.as_ref().map(|m| m.step), "training workers declared dead; next map resumes from the last complete checkpoint");
     Ok(())

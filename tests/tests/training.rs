@@ -92,14 +92,20 @@ async fn create_job(c: &HttpClient, node: &ControlProc, workers: u32, sizes: &[u
     assert_eq!(s, StatusCode::OK, "{v}");
 }
 
+/// A single-node control plane, leading, with the test job of `workers` over `sizes`.
+async fn control_with_job(c: &HttpClient, root: &std::path::Path, workers: u32, sizes: &[u64]) -> ControlProc {
+    let node = ControlProc::start(1, root, true, None);
+    wait_for("the control node leads", Duration::from_secs(20), || async { node.status(c).await.filter(|s| s["leader"] == json!(1)) }).await;
+    create_job(c, &node, workers, sizes).await;
+    node
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_scaled_4_6_3_with_a_rank_killed_trains_every_record_exactly_once() {
     let root = tempfile::tempdir().unwrap();
     let c = client();
-    let node = ControlProc::start(1, root.path(), true, None);
-    wait_for("the control node leads", Duration::from_secs(20), || async { node.status(&c).await.filter(|s| s["leader"] == json!(1)) }).await;
     let sizes = sizes();
-    create_job(&c, &node, 4, &sizes).await;
+    let node = control_with_job(&c, root.path(), 4, &sizes).await;
     let mut l = Launcher { dir: root.path().join("workers"), step_ms: 10, workers: BTreeMap::new() };
     let limit = Duration::from_secs(60);
 
@@ -192,9 +198,7 @@ async fn a_job_scaled_4_6_3_with_a_rank_killed_trains_every_record_exactly_once(
 async fn drain_calls_the_trainers_checkpoint_hook_before_ready_to_stop() {
     let root = tempfile::tempdir().unwrap();
     let c = client();
-    let node = ControlProc::start(1, root.path(), true, None);
-    wait_for("the control node leads", Duration::from_secs(20), || async { node.status(&c).await.filter(|s| s["leader"] == json!(1)) }).await;
-    create_job(&c, &node, 1, &[1_000_000]).await;
+    let node = control_with_job(&c, root.path(), 1, &[1_000_000]).await;
     let dir = root.path().join("w");
     let hook = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let side = SidecarProc::training(&format!("{JOB}-0"), &dir, &[&node], JOB, Some(hook));
@@ -227,9 +231,7 @@ async fn drain_calls_the_trainers_checkpoint_hook_before_ready_to_stop() {
 async fn a_preemption_notice_drains_the_workers_on_that_node_and_checkpoints_the_gang() {
     let root = tempfile::tempdir().unwrap();
     let c = client();
-    let node = ControlProc::start(1, root.path(), true, None);
-    wait_for("the control node leads", Duration::from_secs(20), || async { node.status(&c).await.filter(|s| s["leader"] == json!(1)) }).await;
-    create_job(&c, &node, 2, &[1_000_000, 1_000_000]).await;
+    let node = control_with_job(&c, root.path(), 2, &[1_000_000, 1_000_000]).await;
     let dir = root.path().join("w");
     let mut procs = Vec::new();
     for i in 0..2 {

@@ -180,8 +180,7 @@ async fn preempt_training(st: &AppState, node: &str, notice_s: f64, after_steps:
         if members.is_empty() {
             continue;
         }
-        let furthest = map.ranks.iter().filter_map(|r| workers.get(&r.worker)).filter(|w| w.map_version == map.version).map(|w| w.step).max();
-        if let Some(f) = furthest {
+        if let Some(f) = crate::shards::checkpoint::furthest(&map, &workers) {
             map.checkpoint_at = Some(f + after_steps);
         }
         for w in &members {
@@ -190,14 +189,7 @@ async fn preempt_training(st: &AppState, node: &str, notice_s: f64, after_steps:
             }
         }
         map.drain_deadline_ms = (notice_s * 1000.0) as u64;
-        let value_json = serde_json::to_string(&map).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
-        let cmd = crate::store::Command::Put {
-            kind: Kind::ShardMaps.as_str().into(),
-            name: job.clone(),
-            value_json,
-            expect_revision: Some(revision),
-        };
-        st.node.write(cmd).await?;
+        crate::training::put(st, Kind::ShardMaps, &job, &map, revision).await?;
         tracing::warn!(%job, ?members, checkpoint_at = ?map.checkpoint_at, "preemption notice: training workers draining, gang checkpoint requested");
         out.push(json!({"job": job, "draining": members, "checkpoint_at": map.checkpoint_at}));
     }

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::{ApiError, ApiResult, AppState};
 use crate::resources::Kind;
 use crate::shards::job::JobSpec;
-use crate::store::{Command, StoreError};
+use crate::store::StoreError;
 
 fn job(st: &AppState, name: &str) -> ApiResult<(JobSpec, u64)> {
     let Some(r) = st.node.local().get(Kind::TrainingJobs.as_str(), name).map_err(StoreError::from)? else {
@@ -81,8 +81,7 @@ pub async fn checkpoint(State(st): State<Arc<AppState>>, Path(name): Path<String
         return Err(ApiError::field(StatusCode::CONFLICT, "name", format!("trainingjobs/{name} is completed")));
     }
     let trainers = crate::training::workers(&st).await.remove(&name).unwrap_or_default();
-    let furthest = map.ranks.iter().filter_map(|r| trainers.get(&r.worker)).filter(|t| t.map_version == map.version).map(|t| t.step).max();
-    let Some(furthest) = furthest else {
+    let Some(furthest) = crate::shards::checkpoint::furthest(&map, &trainers) else {
         return Err(ApiError::field(
             StatusCode::CONFLICT,
             "name",
@@ -91,9 +90,7 @@ pub async fn checkpoint(State(st): State<Arc<AppState>>, Path(name): Path<String
     };
     let step = furthest.saturating_add(after);
     map.checkpoint_at = Some(step);
-    let value_json = serde_json::to_string(&map).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
-    let cmd = Command::Put { kind: Kind::ShardMaps.as_str().into(), name: name.clone(), value_json, expect_revision: Some(map_revision) };
-    let revision = st.node.write(cmd).await?;
+    let revision = crate::training::put(&st, Kind::ShardMaps, &name, &map, map_revision).await?;
     Ok(Json(json!({"job": name, "map_version": map.version, "step": step, "furthest_rank_step": furthest, "revision": revision})))
 }
 

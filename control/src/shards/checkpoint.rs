@@ -136,6 +136,12 @@ pub fn complete(map: &ShardMapRecord, workers: &BTreeMap<String, WorkerState>, a
     Some(Manifest { step, map_version: map.version, parts, r#final })
 }
 
+/// The furthest step a rank of `map` reported while running it (none: no rank acknowledged
+/// it yet): where a requested coordinated checkpoint is counted from.
+pub fn furthest(map: &ShardMapRecord, workers: &BTreeMap<String, WorkerState>) -> Option<u64> {
+    map.ranks.iter().filter_map(|r| workers.get(&r.worker)).filter(|w| w.map_version == map.version).map(|w| w.step).max()
+}
+
 /// Fault-detector settings of a job, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadlines {
