@@ -326,4 +326,10 @@ impl SidecarProc {
             c.kill();
         }
     }
+
+    /// Whether the process is running (false after `kill`, or when it exited, e.g. because
+    /// a port it was given was taken meanwhile).
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.0.try_wait(), Ok(None)))
+    }
 }

@@ -34,10 +34,13 @@ struct Launcher {
 
 impl Launcher {
     /// Starts what `map` names and is not started yet; stops the sidecars of exited trainers.
+    /// A sidecar that died on its own (a free port taken by a parallel test before it bound
+    /// it) is started again on new ports, with a new trainer.
     fn sync(&mut self, control: &ControlProc, map: &Value) {
         for r in map["ranks"].as_array().into_iter().flatten() {
             let w = r["worker"].as_str().unwrap().to_owned();
-            if !self.workers.contains_key(&w) {
+            let died = self.workers.get_mut(&w).is_some_and(|(side, trainer)| !side.running() && trainer.running());
+            if died || !self.workers.contains_key(&w) {
                 let side = SidecarProc::training(&w, &self.dir, &[control], JOB, None);
                 let trainer = TrainerProc::start(&w, side.admin, &self.dir, self.step_ms, None);
                 self.workers.insert(w, (side, trainer));
