@@ -13,9 +13,17 @@ use serde_json::Value;
 
 use crate::{HttpClient, client, full, workspace_bin};
 
-/// A port nothing listens on right now (loopback; the race with other tests is harmless in
-/// practice because the kernel hands out ephemeral ports round-robin).
+/// A port nothing listens on right now, for a child process to bind. Picked at random below
+/// the kernel's ephemeral range (32768+ by default): a port from that range, released and bound
+/// again later, can meanwhile become the source port of some outgoing connection of a parallel
+/// test, and the child then fails to bind it.
 pub fn free_port() -> u16 {
+    for _ in 0..1000 {
+        let port = rand::random_range(20_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
