@@ -55,12 +55,17 @@ impl Target {
             })
     }
 
-    /// Finds or installs the peer's binary (building weft-proxy from this workspace);
+    /// Finds or installs the peer's binary (building weft-proxy from this workspace, unless
+    /// `WEFT_PROXY_BIN` names another build to measure, e.g. an older commit's for an A/B);
     /// `None` for `direct`, which has no proxy.
     pub fn prepare(self) -> Result<Option<PathBuf>> {
         match self {
             Target::Direct => Ok(None),
-            Target::Weft => crate::workspace::release_bin("weft-proxy", "weft-proxy").map(Some),
+            Target::Weft => match std::env::var_os("WEFT_PROXY_BIN") {
+                Some(p) if Path::new(&p).is_file() => Ok(Some(PathBuf::from(p))),
+                Some(p) => bail!("WEFT_PROXY_BIN={}: no such file", Path::new(&p).display()),
+                None => crate::workspace::release_bin("weft-proxy", "weft-proxy").map(Some),
+            },
             Target::Envoy => install::ensure_envoy().map(Some),
             Target::Nginx => install::ensure_apt("nginx", "nginx-light").map(Some),
             Target::Haproxy => install::ensure_apt("haproxy", "haproxy").map(Some),

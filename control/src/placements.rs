@@ -19,6 +19,10 @@ use crate::scheduler::{Reason, Scheduler, SchedulerConfig, Unplaced};
 pub struct PlacementRecord {
     pub workload: Workload,
     pub allocations: Vec<Assigned>,
+    /// Who placed it when not a user: `autoscaler/<name>` for the replicas an autoscaler's
+    /// decision asked for (see `autoscaler::placing`), which its loop adds and releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// One allocation, with its node by name (node indexes are not stable across inventories).
@@ -137,7 +141,7 @@ pub fn decide(scheduler: &mut Scheduler, workloads: &[Workload], committed: &BTr
     for w in &fresh {
         match now.remove(w.name()) {
             Some(allocations) => {
-                decision.placed.insert(w.name().to_string(), PlacementRecord { workload: w.clone(), allocations });
+                decision.placed.insert(w.name().to_string(), PlacementRecord { workload: w.clone(), allocations, owner: None });
             }
             None => {
                 if let Some(by) = evicted_by.get(w.name()) {

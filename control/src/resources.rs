@@ -76,7 +76,7 @@ impl Kind {
     /// For kinds only the control plane writes: who writes them, and what DELETE does.
     pub fn written_by(self) -> Option<&'static str> {
         match self {
-            Kind::Placements => Some("the scheduler (POST /v1/schedule/apply); DELETE releases one"),
+            Kind::Placements => Some("the scheduler (POST /v1/schedule/apply, or an autoscaler with a placement); DELETE releases one"),
             Kind::ScalingDecisions => {
                 Some("the autoscaler's decision loop (write an autoscaler instead); DELETE makes it decide afresh")
             }

@@ -4,6 +4,11 @@
 //! that change what runs as `scalingdecisions/<name>` (pushed over xDS as
 //! `weft.v1.ScalingDecision`). The last statuses are kept for `GET /v1/autoscale/status`.
 //!
+//! With a `placement` in its spec, an autoscaler's replicas are then placed: after each tick
+//! the committed on-demand and spot counts become `placements/<autoscaler>-od-N` / `-spot-N`
+//! through weft's scheduler (`autoscaler::placing` decides what to add and release), pushed
+//! over xDS as `weft.v1.Placement` for the node agents to start.
+//!
 //! Why on the leader: one writer of decisions (followers would race each other's writes), and
 //! reads of the stored specs are then local and current. A new leader starts its forecasters
 //! afresh (plain smoothing until they have history again); the committed targets stay.
@@ -16,7 +21,10 @@ use serde_json::Value;
 
 use crate::api::AppState;
 use crate::autoscaler::live::{Change, Controller, Counters, LoadMeter, Status};
+use crate::autoscaler::placing::{self, Owned, Target};
 use crate::autoscaler::spec::{AutoscalerSpec, DecisionRecord};
+use crate::placements::{self as placements_logic, PlacementRecord};
+use crate::scheduler::SchedulerConfig;
 use crate::resources::{Kind, REGISTRATIONS, Registration};
 use crate::store::{Command, StoreError};
 
@@ -34,6 +42,27 @@ pub struct Autoscale {
     pub interval: Duration,
     started: Instant,
     inner: Mutex<Inner>,
+    /// Where each placing autoscaler's replicas stand after the last placement pass.
+    placed: Mutex<BTreeMap<String, Placed>>,
+    /// Spot nodes under a preemption notice, until when (seconds on this node's clock): no new
+    /// replica goes there, and theirs are released first.
+    doomed: Mutex<BTreeMap<String, f64>>,
+}
+
+/// How long after its notice a preempted node is still avoided (if nobody removed it from the
+/// inventory by then, it is trusted again).
+const DOOMED_FOR_S: f64 = 600.0;
+
+/// An autoscaler's replicas as placed: what its decision wants, what is placed, and why the
+/// rest is not.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Placed {
+    pub want_on_demand: u32,
+    pub want_spot: u32,
+    pub on_demand: u32,
+    pub spot: u32,
+    /// Why replicas could not be placed (the scheduler's reasons), from the last pass.
+    pub unplaced: Vec<String>,
 }
 
 struct Inner {
@@ -60,7 +89,28 @@ impl Autoscale {
                 decided_at: None,
                 leading: false,
             }),
+            placed: Mutex::new(BTreeMap::new()),
+            doomed: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Records a preemption notice for spot `node`, going in `notice_s` seconds.
+    pub fn doom(&self, node: &str, notice_s: f64) {
+        let until = self.now_s() + notice_s + DOOMED_FOR_S;
+        self.doomed.lock().unwrap().insert(node.to_string(), until);
+    }
+
+    /// The nodes under a notice now.
+    fn doomed_nodes(&self) -> std::collections::BTreeSet<String> {
+        let now = self.now_s();
+        let mut d = self.doomed.lock().unwrap();
+        d.retain(|_, until| *until > now);
+        d.keys().cloned().collect()
+    }
+
+    /// The placement state per autoscaler (those with a `placement` only).
+    pub fn placed(&self) -> BTreeMap<String, Placed> {
+        self.placed.lock().unwrap().clone()
     }
 
     pub fn now_s(&self) -> f64 {
@@ -69,6 +119,7 @@ impl Autoscale {
 
     /// Forgets everything when this node stops leading (a later term starts afresh).
     fn follow(&self) {
+        self.placed.lock().unwrap().clear();
         let mut i = self.inner.lock().unwrap();
         if i.leading {
             *i = Inner {
@@ -191,10 +242,12 @@ async fn tick_once(st: &AppState) -> Result<(), String> {
         st.node.write(cmd).await.map_err(|e| e.to_string())?;
     }
     if specs.is_empty() {
-        let mut i = st.autoscale.inner.lock().unwrap();
-        i.leading = true;
-        i.statuses.clear();
-        return Ok(());
+        {
+            let mut i = st.autoscale.inner.lock().unwrap();
+            i.leading = true;
+            i.statuses.clear();
+        }
+        return place(st, &specs).await;
     }
     let ready = ready(st).map_err(|e| e.to_string())?;
     let token = st.tokens.admin_token().and_then(|t| http::HeaderValue::from_str(&format!("Bearer {t}")).ok());
@@ -223,6 +276,124 @@ async fn tick_once(st: &AppState) -> Result<(), String> {
                 spot = c.record.spot, reason = %c.record.reason, revision, "scaling decision committed");
         }
     }
+    place(st, &specs).await
+}
+
+/// One placement pass: every autoscaler with a `placement` gets its committed replica counts
+/// placed (and the replicas of autoscalers that were deleted or stopped placing are released).
+/// Runs every tick, so a replica whose node left the inventory, or a placement deleted by
+/// hand, is replaced on the next one.
+async fn place(st: &AppState, specs: &BTreeMap<String, AutoscalerSpec>) -> Result<(), String> {
+    let placing = specs.values().any(|s| s.placement.is_some());
+    // Cheap check first: no placing autoscaler and nothing owned means nothing to do.
+    let owns_any = || -> Result<bool, String> {
+        let list = st.node.local().list(Kind::Placements.as_str()).map_err(|e| e.to_string())?;
+        Ok(list.iter().any(|r| r.value_json.contains("\"owner\":\"autoscaler/")))
+    };
+    if !placing && !owns_any()? {
+        st.autoscale.placed.lock().unwrap().clear();
+        return Ok(());
+    }
+    let _one_at_a_time = st.schedule.lock().await;
+    let basis = crate::api::schedule::basis(st).await.map_err(|e| e.to_string())?;
+    let decisions = committed(st).map_err(|e| e.to_string())?;
+    let inventory: std::collections::BTreeSet<&str> = basis.nodes.iter().map(|n| n.name.as_str()).collect();
+    let doomed = st.autoscale.doomed_nodes();
+    let mut owned: BTreeMap<String, Vec<Owned>> = BTreeMap::new();
+    for (name, rec, _) in &basis.committed {
+        if let Some(a) = rec.owner.as_deref().and_then(placing::owning_autoscaler) {
+            let healthy = rec.allocations.iter().all(|x| inventory.contains(x.node.as_str()));
+            let doomed = rec.allocations.iter().any(|x| doomed.contains(&x.node));
+            owned.entry(a.to_string()).or_default().push(Owned { name: name.clone(), healthy, doomed });
+        }
+    }
+    let mut names: Vec<&String> = specs.iter().filter(|(_, s)| s.placement.is_some()).map(|(n, _)| n).collect();
+    names.extend(owned.keys().filter(|n| specs.get(*n).is_none_or(|s| s.placement.is_none())));
+    let mut add = Vec::new();
+    let mut remove = Vec::new();
+    let mut owner_of = BTreeMap::new();
+    for name in names {
+        let spec = specs.get(name);
+        let target = Target {
+            autoscaler: name,
+            variant: spec.map_or("", |s| s.variant.as_str()),
+            template: spec.and_then(|s| s.placement.as_ref()),
+            want: decisions.get(name).map(|(d, _)| (d.on_demand, d.spot)),
+        };
+        let diff = placing::reconcile(&target, owned.get(name).map_or(&[][..], Vec::as_slice));
+        for w in &diff.add {
+            owner_of.insert(w.name().to_string(), name.clone());
+        }
+        add.extend(diff.add);
+        remove.extend(diff.remove);
+    }
+    let mut unplaced: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut writes = Vec::new();
+    let revision_of = |n: &str| basis.committed.iter().find(|(c, _, _)| c == n).map(|(_, _, r)| *r);
+    for name in &remove {
+        writes.push(Command::Delete { kind: Kind::Placements.as_str().into(), name: name.clone(), expect_revision: revision_of(name) });
+    }
+    if !add.is_empty() {
+        let kept: Vec<(String, PlacementRecord)> =
+            basis.committed.iter().filter(|(n, _, _)| !remove.contains(n)).map(|(n, p, _)| (n.clone(), p.clone())).collect();
+        // Nothing new goes to a node that is about to be taken back.
+        let usable: Vec<_> = basis.nodes.iter().filter(|n| !doomed.contains(&n.name)).cloned().collect();
+        if usable.is_empty() {
+            for (w, a) in &owner_of {
+                unplaced.entry(a.clone()).or_default().push(format!("{w}: no GPU inventory (create nodes: kind Node) outside preemption notices"));
+            }
+        } else {
+            let mut loaded = placements_logic::load(usable, &kept, SchedulerConfig::default())?;
+            let committed_names = kept.iter().map(|(n, _)| n.clone()).collect();
+            // Preemption evicts only strictly lower priorities (the template's `priority`).
+            let d = placements_logic::decide(&mut loaded.scheduler, &add, &committed_names, true);
+            for (name, mut rec) in d.placed {
+                rec.owner = owner_of.get(&name).map(|a| placing::owner(a));
+                let value_json = serde_json::to_string(&rec).map_err(|e| e.to_string())?;
+                writes.push(Command::Put { kind: Kind::Placements.as_str().into(), name, value_json, expect_revision: Some(0) });
+            }
+            for name in &d.evicted {
+                writes.push(Command::Delete { kind: Kind::Placements.as_str().into(), name: name.clone(), expect_revision: revision_of(name) });
+            }
+            for u in d.unplaced {
+                let a = owner_of.get(&u.workload).cloned().unwrap_or_default();
+                unplaced.entry(a).or_default().push(format!("{}: {}", u.workload, u.reason));
+            }
+        }
+    }
+    if !writes.is_empty() {
+        let n = writes.len();
+        let revision = crate::api::schedule::write_all(st, writes).await.map_err(|e| e.to_string())?;
+        tracing::info!(writes = n, revision, "autoscaler replicas placed and released");
+    }
+    record_placed(st, specs, &decisions, unplaced)
+}
+
+/// Counts each placing autoscaler's placements as now stored, for the status.
+fn record_placed(
+    st: &AppState,
+    specs: &BTreeMap<String, AutoscalerSpec>,
+    decisions: &Committed,
+    mut unplaced: BTreeMap<String, Vec<String>>,
+) -> Result<(), String> {
+    let mut out: BTreeMap<String, Placed> = specs
+        .iter()
+        .filter(|(_, s)| s.placement.is_some())
+        .map(|(n, _)| {
+            let (od, spot) = decisions.get(n).map_or((0, 0), |(d, _)| (d.on_demand, d.spot));
+            let p = Placed { want_on_demand: od, want_spot: spot, unplaced: unplaced.remove(n).unwrap_or_default(), ..Default::default() };
+            (n.clone(), p)
+        })
+        .collect();
+    for r in st.node.local().list(Kind::Placements.as_str()).map_err(|e| e.to_string())? {
+        let Ok(rec) = serde_json::from_str::<PlacementRecord>(&r.value_json) else { continue };
+        let Some(p) = rec.owner.as_deref().and_then(placing::owning_autoscaler).and_then(|a| out.get_mut(a)) else { continue };
+        match &rec.workload {
+            crate::scheduler::workload::Workload::Replica(x) if x.class == crate::scheduler::workload::ServiceClass::Critical => p.on_demand += 1,
+            _ => p.spot += 1,
+        }
+    }
+    *st.autoscale.placed.lock().unwrap() = out;
     Ok(())
 }
 

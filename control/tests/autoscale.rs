@@ -3,7 +3,9 @@
 //! committed as a `scalingdecisions` resource and pushed over ADS as `weft.v1.ScalingDecision`,
 //! `weftctl autoscale status`, and a spot preemption notice replacing critical replicas on
 //! on-demand. Bad input (an invalid spec, a hand-written decision, a notice for an unknown
-//! autoscaler) is refused with the field named and nothing written.
+//! autoscaler) is refused with the field named and nothing written. An autoscaler with a
+//! `placement` gets its decided replicas placed on the GPU inventory by the scheduler, per
+//! pool, replaced when released and released when it goes.
 
 mod common;
 
@@ -69,20 +71,9 @@ async fn sidecar(xds: std::net::SocketAddr, rps: u64) -> mpsc::Sender<()> {
     stop
 }
 
-/// Polls the stored decision until `done` holds.
+/// Polls the stored decision of `chat-a` until `done` holds.
 async fn decision_until(url: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let o = ctl(url, &["get", "scalingdecisions", "chat-a", "-o", "json"], None).await;
-        if o.code == 0 {
-            let v: Value = serde_json::from_str(&o.stdout).unwrap();
-            if done(&v["spec"]) {
-                return v;
-            }
-        }
-        assert!(Instant::now() < deadline, "no decision where {what} within 20 s: {o:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    decision_until_named(url, "chat-a", what, done).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,4 +150,138 @@ async fn load_reports_become_committed_pushed_decisions_and_preemption_replaces_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(stop);
+}
+
+const INVENTORY: [&str; 2] = [
+    "kind: Node\nname: od-1\nspec: {cpu_milli: 64000, memory_mib: 512000, gpu_model: A100, gpu_count: 8, gpu_memory_bytes: 85899345920}\n",
+    "kind: Node\nname: spot-1\nspec: {cpu_milli: 64000, memory_mib: 512000, gpu_model: A100, gpu_count: 4, gpu_memory_bytes: 85899345920, pool: spot, expected_uptime_hours: 20}\n",
+];
+
+/// The same variant, now placing its replicas: half a GPU each, variants of one 16 GiB base.
+const PLACING: &str = "\
+kind: Autoscaler
+name: chat-p
+spec:
+  variant: a
+  capacity_rps: 10
+  cold_start_s: 30
+  min_replicas: 1
+  max_replicas: 12
+  spot: { price_per_hour: 1.0, preemptions_per_hour: 0.01 }
+  placement: { base_model: llama-8b, base_bytes: 17179869184, delta_bytes: 1073741824,
+               working_set_bytes: 4294967296, compute_milli: 500, cpu_milli: 1000, memory_mib: 4096 }
+";
+
+/// The autoscaler's placements (`chat-p-*`): names and stored specs.
+async fn owned_placements(url: &str) -> Vec<Value> {
+    let all = json(url, &["get", "placements"]).await;
+    all.as_array().unwrap().iter().filter(|p| p["name"].as_str().unwrap().starts_with("chat-p-")).cloned().collect()
+}
+
+/// Polls until `done` holds for the autoscaler's placements.
+async fn placements_until(url: &str, what: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let p = owned_placements(url).await;
+        if done(&p) {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "placements never reached: {what}: {p:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decided_replicas_are_placed_on_the_inventory_per_pool_replaced_and_released() {
+    let node = start_with(|o| o.autoscale_interval = Duration::from_millis(250)).await;
+    let url = node.url.clone();
+    let dir = tempfile::tempdir().unwrap();
+
+    // A placement without a base model is refused, naming the field.
+    let bad = write(&dir, "bad.yaml", &PLACING.replace("base_model: llama-8b", "base_model: ''"));
+    let o = ctl(&url, &["apply", "-f", &bad], None).await;
+    assert!(o.code != 0 && o.stderr.contains("placement.base_model"), "{o:?}");
+
+    // No inventory yet: the decision is made, nothing is placed, and the status says why.
+    ok(&url, &["apply", "-f", &write(&dir, "as.yaml", PLACING)]).await;
+    decision_until_named(&url, "chat-p", "the floor is decided", |d| d["replicas"] == 1).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = json(&url, &["autoscale", "status"]).await;
+        let p = &status["items"][0]["placement"];
+        if p["unplaced"].to_string().contains("no GPU inventory") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the status never said why nothing is placed: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (i, n) in INVENTORY.iter().enumerate() {
+        ok(&url, &["apply", "-f", &write(&dir, &format!("node{i}.yaml"), n)]).await;
+    }
+    placements_until(&url, "the floor's one replica is placed", |p| p.len() == 1).await;
+
+    // 500 rps against 10 rps per replica: 12 replicas decided, 12 placed, each pool on its nodes.
+    let stop = sidecar(node.running.xds_addr, 500).await;
+    let d = decision_until_named(&url, "chat-p", "replicas reach max_replicas", |d| d["replicas"] == 12).await;
+    let (od, spot) = (d["spec"]["on_demand"].as_u64().unwrap(), d["spec"]["spot"].as_u64().unwrap());
+    assert!(od >= 6 && spot > 0, "{d}");
+    let placed = placements_until(&url, "12 replicas placed", |p| p.len() == 12).await;
+    for p in &placed {
+        let name = p["name"].as_str().unwrap();
+        let node = p["spec"]["allocations"][0]["node"].as_str().unwrap();
+        assert_eq!(p["spec"]["owner"], "autoscaler/chat-p");
+        assert_eq!(p["spec"]["workload"]["variant"], "a");
+        if name.starts_with("chat-p-od-") {
+            assert_eq!(node, "od-1", "on-demand replicas stay on on-demand nodes: {p}");
+        } else {
+            assert_eq!(node, "spot-1", "spot replicas go to the spot node while it fits: {p}");
+        }
+    }
+    let on_od = placed.iter().filter(|p| p["name"].as_str().unwrap().starts_with("chat-p-od-")).count() as u64;
+    assert_eq!(on_od, od, "as many on-demand placements as the decision's on-demand replicas");
+    assert!(
+        placed.iter().any(|p| p["spec"]["allocations"][0]["shared_base"]["base"] == "llama-8b"),
+        "two replicas on one GPU map one copy of the base: {placed:?}"
+    );
+    let table = ok(&url, &["autoscale", "status"]).await;
+    assert!(table.contains("PLACED") && table.contains(&format!("{od} od + {spot} spot")), "{table}");
+
+    // A placement released by hand is placed again on a following pass (it is still wanted).
+    let before = json(&url, &["get", "placement", "chat-p-od-0"]).await["revision"].clone();
+    ok(&url, &["delete", "placement", "chat-p-od-0"]).await;
+    placements_until(&url, "the released replica is placed again", |p| {
+        p.len() == 12 && p.iter().any(|x| x["name"] == "chat-p-od-0" && x["revision"] != before)
+    })
+    .await;
+
+    // A preemption notice for the spot node: its replicas move to on-demand placements (the
+    // decision's replacements), and nothing new goes to the doomed node.
+    ok(&url, &["autoscale", "preempt", "--node", "spot-1"]).await;
+    let moved = placements_until(&url, "the spot node's replicas are on on-demand", |p| {
+        p.len() == 12 && p.iter().all(|x| x["spec"]["allocations"][0]["node"] == "od-1")
+    })
+    .await;
+    assert!(moved.iter().all(|x| x["name"].as_str().unwrap().starts_with("chat-p-od-")), "{moved:?}");
+
+    // Deleting the autoscaler releases every replica it placed, and nothing else.
+    drop(stop);
+    ok(&url, &["delete", "autoscaler", "chat-p"]).await;
+    placements_until(&url, "the deleted autoscaler's replicas are released", |p| p.is_empty()).await;
+    assert_eq!(json(&url, &["get", "nodes"]).await.as_array().unwrap().len(), 2);
+}
+
+/// Polls the stored decision of autoscaler `name` until `done` holds.
+async fn decision_until_named(url: &str, name: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = ctl(url, &["get", "scalingdecisions", name, "-o", "json"], None).await;
+        if o.code == 0 {
+            let v: Value = serde_json::from_str(&o.stdout).unwrap();
+            if done(&v["spec"]) {
+                return v;
+            }
+        }
+        assert!(Instant::now() < deadline, "no decision of {name} where {what} within 20 s: {o:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

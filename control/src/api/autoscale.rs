@@ -20,11 +20,13 @@ use crate::scheduler::workload::Workload;
 use crate::store::StoreError;
 
 /// `GET /v1/autoscale/status`: every autoscaler with its last status (demand, forecast, ready,
-/// decision and why) and the committed decision.
+/// decision and why), the committed decision and, when it places its replicas, how many are
+/// placed per pool and why the rest are not.
 pub async fn status(State(st): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
     let specs = crate::scaling::specs(&st)?;
     let committed = crate::scaling::committed(&st)?;
     let (statuses, age) = st.autoscale.statuses();
+    let placed = st.autoscale.placed();
     let items: Vec<Value> = specs
         .iter()
         .map(|(name, spec)| {
@@ -35,6 +37,7 @@ pub async fn status(State(st): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
                 "policy": spec.policy,
                 "spec": spec,
                 "status": live,
+                "placement": placed.get(name),
                 "committed": committed.get(name).map(|(d, rev)| json!({"decision": d, "revision": rev})),
             })
         })
@@ -130,7 +133,12 @@ pub async fn preemption(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResu
     let lost = match (&notice.node, &notice.autoscaler, notice.replicas) {
         (Some(node), None, None) => match lost_on_node(&st, node, &specs) {
             Err(_) if !training.is_empty() => BTreeMap::new(),
-            other => other?,
+            other => {
+                let lost = other?;
+                // Placing autoscalers release this node's replicas first and place nothing there.
+                st.autoscale.doom(node, notice.notice_s);
+                lost
+            }
         },
         (None, Some(name), Some(n)) => {
             if !specs.contains_key(name) {

@@ -23,7 +23,7 @@ pub mod forward;
 mod openapi;
 mod rollout;
 mod training;
-mod schedule;
+pub(crate) mod schedule;
 
 pub use schedule::PlanRequest;
 pub(crate) use cluster::{every_nodes_loads, every_nodes_proxies, merge_loads};
@@ -99,6 +99,15 @@ impl ApiError {
     fn with(mut self, key: &str, value: Value) -> Self {
         self.body[key] = value;
         self
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.body["error"].as_str() {
+            Some(e) => write!(f, "{e} ({})", self.status),
+            None => write!(f, "{}", self.status),
+        }
     }
 }
 

@@ -51,14 +51,16 @@ fn parse(body: &Bytes) -> ApiResult<PlanRequest> {
 }
 
 /// What the plan was made against.
-struct Basis {
-    revision: u64,
-    committed: Vec<(String, PlacementRecord, u64)>,
-    nodes: Vec<NodeSpec>,
+pub(crate) struct Basis {
+    pub revision: u64,
+    /// Stored placements: name, record, revision.
+    pub committed: Vec<(String, PlacementRecord, u64)>,
+    pub nodes: Vec<NodeSpec>,
 }
 
-/// Reads the stored inventory and placements (linearizable).
-async fn basis(st: &AppState) -> ApiResult<Basis> {
+/// Reads the stored inventory and placements (linearizable). Callers that write placements
+/// from it hold `AppState::schedule` meanwhile.
+pub(crate) async fn basis(st: &AppState) -> ApiResult<Basis> {
     st.node.linearize().await?;
     let sm = st.node.local();
     let revision = sm.last_applied_index().map_err(StoreError::from)?;
@@ -165,7 +167,13 @@ pub async fn apply(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResult<Js
         let revision = basis.committed.iter().find(|(n, _, _)| n == name).map(|(_, _, r)| *r);
         writes.push(Command::Delete { kind: Kind::Placements.as_str().into(), name: name.clone(), expect_revision: revision });
     }
-    // Submitted together, so the proposer commits them as one log entry when it can.
+    let revision = write_all(&st, writes).await?.max(basis.revision);
+    Ok(Json(answer(&decision, &warnings, revision, true)))
+}
+
+/// Commits `writes`, submitted together so the proposer commits them as one log entry when it
+/// can; the highest revision written (0 for none).
+pub(crate) async fn write_all(st: &AppState, writes: Vec<Command>) -> ApiResult<u64> {
     let pending: Vec<_> = writes
         .into_iter()
         .map(|w| {
@@ -173,10 +181,10 @@ pub async fn apply(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResult<Js
             tokio::spawn(async move { node.write(w).await })
         })
         .collect();
-    let mut revision = basis.revision;
+    let mut revision = 0;
     for p in pending {
         let written = p.await.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("write task failed: {e}")))?;
         revision = revision.max(written?);
     }
-    Ok(Json(answer(&decision, &warnings, revision, true)))
+    Ok(revision)
 }

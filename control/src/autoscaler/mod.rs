@@ -17,6 +17,8 @@
 //!   leader commits.
 //! - [`live`]: the leader's decision loop as pure logic: sidecar counters → loads → decisions,
 //!   and preemption notices.
+//! - [`placing`]: a committed decision → the replica placements to add and release, for the
+//!   scheduler to place on the GPU inventory.
 //!
 //! Why demand is in requests per second: the sidecars report request rates, and a replica's
 //! capacity in requests per second (configured or estimated) turns demand into replicas the same
@@ -28,6 +30,7 @@ pub mod forecast;
 pub mod hybrid;
 pub mod ledger;
 pub mod live;
+pub mod placing;
 pub mod predictive;
 pub mod reactive;
 pub mod spec;

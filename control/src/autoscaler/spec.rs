@@ -48,6 +48,35 @@ pub struct BudgetSpec {
     pub monthly_usd: f64,
 }
 
+/// What one replica of the variant needs, so the scheduler can place the decided replicas on
+/// the GPU inventory (`placements/<autoscaler>-od-N` and `-spot-N`, pushed over xDS as
+/// `weft.v1.Placement`). Without it the decision is only pushed, for an outside orchestrator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaTemplate {
+    /// Replicas of variants of one base on one GPU share a single copy of its weights.
+    pub base_model: String,
+    pub base_bytes: u64,
+    /// The variant's own weights (fine-tuned layers, adapter).
+    #[serde(default)]
+    pub delta_bytes: u64,
+    /// KV cache and activations while serving.
+    #[serde(default)]
+    pub working_set_bytes: u64,
+    /// Share of one GPU's compute, milli-GPU (1..=1000).
+    pub compute_milli: u32,
+    #[serde(default)]
+    pub cpu_milli: u32,
+    #[serde(default)]
+    pub memory_mib: u64,
+    /// Placement priority: may evict strictly lower-priority placements when space is short.
+    #[serde(default)]
+    pub priority: crate::scheduler::workload::Priority,
+    /// Allowed GPU models (empty: any).
+    #[serde(default)]
+    pub gpu_spec: Vec<String>,
+}
+
 /// An autoscaler for one variant.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -84,6 +113,9 @@ pub struct AutoscalerSpec {
     /// spend would pass the cap, replicas are cut, least critical first, down to `min_replicas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetSpec>,
+    /// Place the decided replicas with weft's scheduler (see [`ReplicaTemplate`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<ReplicaTemplate>,
 }
 
 fn default_cold_start() -> f64 {
@@ -154,6 +186,21 @@ impl AutoscalerSpec {
                 return Err(("spot.preemptions_per_hour", format!("{} must be 0 or more", s.preemptions_per_hour)));
             }
         }
+        if let Some(p) = &self.placement {
+            if p.base_model.trim().is_empty() {
+                return Err(("placement.base_model", "must name the base model (replicas of one base share its weights)".into()));
+            }
+            if !(1..=1000).contains(&p.compute_milli) {
+                return Err(("placement.compute_milli", format!("{} is not in 1..=1000 (milli-GPU)", p.compute_milli)));
+            }
+            if p.base_bytes == 0 && p.delta_bytes == 0 {
+                return Err(("placement.base_bytes", "a replica needs GPU memory for its weights (base_bytes and delta_bytes are 0)".into()));
+            }
+            // The names `<autoscaler>-od-N` must stay valid resource names.
+            if self.name.len() > 240 {
+                return Err(("name", format!("{:?} is longer than 240 characters, too long to name its replicas' placements", self.name)));
+            }
+        }
         Ok(())
     }
 
@@ -216,7 +263,7 @@ impl DecisionRecord {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn spec() -> AutoscalerSpec {
@@ -230,9 +277,28 @@ mod tests {
         assert_eq!(s.validate(), Ok(()));
     }
 
+    pub(crate) fn template(compute_milli: u32) -> ReplicaTemplate {
+        ReplicaTemplate {
+            base_model: "llama-8b".into(),
+            base_bytes: 16 << 30,
+            delta_bytes: 1 << 30,
+            working_set_bytes: 4 << 30,
+            compute_milli,
+            cpu_milli: 1000,
+            memory_mib: 4096,
+            priority: 10,
+            gpu_spec: vec![],
+        }
+    }
+
     #[test]
     fn each_bad_field_is_named() {
-        let cases: [(fn(&mut AutoscalerSpec), &str); 8] = [
+        let cases: [(fn(&mut AutoscalerSpec), &str); 10] = [
+            (|s| s.placement = Some(template(0)), "placement.compute_milli"),
+            (
+                |s| s.placement = Some(ReplicaTemplate { base_model: "".into(), ..template(500) }),
+                "placement.base_model",
+            ),
             (|s| s.price_per_hour = f64::NAN, "price_per_hour"),
             (|s| s.budget = Some(BudgetSpec { name: "team".into(), monthly_usd: 0.0 }), "budget.monthly_usd"),
             (|s| s.capacity_rps = 0.0, "capacity_rps"),

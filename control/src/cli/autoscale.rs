@@ -1,5 +1,5 @@
 //! `weftctl autoscale status` (per autoscaler: demand, forecast, ready, decision and why, from
-//! the leader's decision loop) and `weftctl autoscale preempt` (a spot preemption notice).
+//! the leader's decision loop, and the replicas placed when it places them) and `weftctl autoscale preempt` (a spot preemption notice).
 
 use serde_json::{Value, json};
 
@@ -37,6 +37,15 @@ pub fn status_table(body: &Value) -> String {
             );
         }
         let d = if s.is_null() { &it["committed"]["decision"] } else { &s["decision"] };
+        let p = &it["placement"];
+        let placed = if p.is_null() {
+            "-".to_string()
+        } else {
+            for u in p["unplaced"].as_array().into_iter().flatten() {
+                whys.push(format!("{}: not placed: {}", cell(&it["name"]), cell(u)));
+            }
+            format!("{} od + {} spot", cell(&p["on_demand"]), cell(&p["spot"]))
+        };
         let target = if d.is_null() {
             "-".to_string()
         } else {
@@ -50,6 +59,7 @@ pub fn status_table(body: &Value) -> String {
             rps(&s["forecast_rps"]),
             if s.is_null() { "-".into() } else { cell(&s["ready"]) },
             target,
+            placed,
             if d.is_null() { "-".into() } else { cell(&d["reason"]) },
         ]);
         let why = if s.is_null() { "no decision yet on this leader (it needs two load readings)".into() } else { cell(&s["why"]) };
@@ -58,7 +68,7 @@ pub fn status_table(body: &Value) -> String {
     if rows.is_empty() {
         return "no autoscalers (apply a `kind: Autoscaler` document)\n".into();
     }
-    let mut out = table(&["NAME", "VARIANT", "POLICY", "DEMAND/s", "FORECAST/s", "READY", "TARGET", "REASON"], &rows);
+    let mut out = table(&["NAME", "VARIANT", "POLICY", "DEMAND/s", "FORECAST/s", "READY", "TARGET", "PLACED", "REASON"], &rows);
     out.push('\n');
     for w in whys.into_iter().chain(budgets.into_values()) {
         out.push_str(&w);
@@ -144,5 +154,9 @@ mod tests {
             json!({"name": "team", "spent_usd": 10.0, "projected_usd": 95.5, "monthly_usd": 100.0, "limited": true, "over_cap": false});
         let t = status_table(&body);
         assert!(t.contains("budget team: $10.00 spent this month, $95.50 projected of $100.00: limiting"), "{t}");
+        body["items"][0]["placement"] =
+            json!({"on_demand": 3, "spot": 1, "want_on_demand": 3, "want_spot": 3, "unplaced": ["chat-a-spot-2: no node fits"]});
+        let t = status_table(&body);
+        assert!(t.contains("3 od + 1 spot") && t.contains("chat-a: not placed: chat-a-spot-2: no node fits"), "{t}");
     }
 }
