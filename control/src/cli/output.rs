@@ -166,7 +166,11 @@ pub fn summary(kind: Kind, spec: &Value) -> String {
                 .as_array()
                 .map(|a| a.iter().map(|x| cell(&x["node"])).collect())
                 .unwrap_or_default();
-            format!("{} on {}", cell(&spec["workload"]["kind"]), nodes.join(","))
+            let mut s = format!("{} on {}", cell(&spec["workload"]["kind"]), nodes.join(","));
+            if let Value::String(o) = &spec["owner"] {
+                s.push_str(&format!(" by {o}"));
+            }
+            s
         }
         Kind::Experiments => {
             let variants: Vec<String> = spec["variants"]
@@ -356,6 +360,8 @@ mod tests {
         assert_eq!(summary(Kind::Clusters, &cl), "lb=p2c_ewma protocol=http1 endpoints=10.0.0.1:80,10.0.0.2:80");
         let eps = json!({"endpoints": [{"address": "h:1", "variant": "a"}, {"address": "h:2", "variant": ""}]});
         assert_eq!(summary(Kind::Endpoints, &eps), "endpoints=h:1(a),h:2");
+        let p = json!({"workload": {"kind": "replica"}, "allocations": [{"node": "gpu-1"}], "owner": "autoscaler/chat"});
+        assert_eq!(summary(Kind::Placements, &p), "replica on gpu-1 by autoscaler/chat");
         // Malformed specs still summarize without panicking.
         assert_eq!(summary(Kind::Services, &json!(null)), "hosts= routes=");
         let long = json!({"endpoints": (0..40).map(|i| format!("10.0.0.{i}:8080")).collect::<Vec<_>>()});
