@@ -217,6 +217,31 @@ mod tests {
         })
     }
 
+    #[test]
+    fn absurd_sizes_are_unplaced_not_a_panic() {
+        let mut huge = replica("huge", "a", 0, 500);
+        if let Workload::Replica(r) = &mut huge {
+            (r.base_bytes, r.delta_bytes, r.working_set_bytes) = (u64::MAX, u64::MAX, u64::MAX);
+            r.cpu_milli = u32::MAX;
+            r.memory_mib = u64::MAX;
+        }
+        let (d, _) = plan(&[], &[huge.clone()], true);
+        assert!(d.placed.is_empty() && d.unplaced.len() == 1, "{:?}", d.unplaced);
+        // Only the GPU memory absurd: the byte sums must not overflow.
+        if let Workload::Replica(r) = &mut huge {
+            (r.cpu_milli, r.memory_mib) = (1000, 4096);
+        }
+        let (d, _) = plan(&[], &[huge], true);
+        assert!(d.placed.is_empty() && d.unplaced.len() == 1, "{:?}", d.unplaced);
+        let gang: Workload = serde_json::from_value(serde_json::json!({
+            "kind": "gang", "name": "g", "workers": u16::MAX, "gpus_per_worker": u8::MAX,
+            "gpu_memory_bytes": u64::MAX, "cpu_milli": u32::MAX, "memory_mib": u64::MAX, "priority": i32::MAX
+        }))
+        .unwrap();
+        let (d, _) = plan(&[], &[gang], true);
+        assert!(d.placed.is_empty() && d.unplaced.len() == 1, "{:?}", d.unplaced);
+    }
+
     fn plan(committed: &[(String, PlacementRecord)], ws: &[Workload], preempt: bool) -> (Decision, Vec<String>) {
         let mut l = load(vec![node("n1")], committed, SchedulerConfig::default()).unwrap();
         let names = committed.iter().map(|(n, _)| n.clone()).collect();

@@ -87,12 +87,13 @@ pub struct InferenceReplica {
 impl InferenceReplica {
     /// GPU memory on a GPU that does not yet hold the base.
     pub fn cold_bytes(&self) -> u64 {
-        self.base_bytes + self.own_bytes()
+        // Saturating: sizes come from API input, and a sum past u64 fits no GPU anyway.
+        self.base_bytes.saturating_add(self.own_bytes())
     }
 
     /// GPU memory on a GPU where the base is already resident.
     pub fn own_bytes(&self) -> u64 {
-        self.delta_bytes + self.working_set_bytes
+        self.delta_bytes.saturating_add(self.working_set_bytes)
     }
 }
 
