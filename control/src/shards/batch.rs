@@ -18,6 +18,10 @@ pub struct RankBatch {
     pub micro_batches: Vec<u64>,
 }
 
+/// Most micro-batches (gradient-accumulation steps) a rank may run per step: far beyond any
+/// real job, and it keeps a map's size bounded whatever the numbers asked for.
+pub const MAX_ACCUMULATION_STEPS: u64 = 65_536;
+
 /// Splits `global` samples over `ranks` data-parallel ranks with micro-batches of at most
 /// `max_micro` samples.
 pub fn split(global: u64, ranks: u64, max_micro: u64) -> Result<Vec<RankBatch>, String> {
@@ -33,6 +37,12 @@ pub fn split(global: u64, ranks: u64, max_micro: u64) -> Result<Vec<RankBatch>, 
     let (base, rem) = (global / ranks, global % ranks);
     let largest = base + u64::from(rem > 0);
     let g = largest.div_ceil(max_micro);
+    if g > MAX_ACCUMULATION_STEPS {
+        return Err(format!(
+            "global batch {global} over {ranks} ranks needs {g} micro-batches of at most {max_micro} per rank and step; \
+             the limit is {MAX_ACCUMULATION_STEPS} (raise max_micro_batch or lower global_batch)"
+        ));
+    }
     Ok((0..ranks)
         .map(|r| {
             let b = base + u64::from(r < rem);

@@ -111,6 +111,10 @@ fn default_rescale_wait() -> f64 {
 
 /// Longest accepted wait or deadline (a day): keeps the detector's arithmetic finite.
 const MAX_WAIT_S: f64 = 86_400.0;
+/// Most bytes a job's shards (or a model's layers) may add up to.
+const MAX_TOTAL_BYTES: u64 = 1 << 60;
+/// Most parameters a model may have (the ZeRO memory arithmetic multiplies them by bytes).
+const MAX_PARAMETERS: u64 = 1 << 50;
 
 impl JobSpec {
     /// Checks every field by computing the map it asks for; the error names the field.
@@ -132,6 +136,17 @@ impl JobSpec {
                 return Err((field, format!("{v} is not in (0, {MAX_WAIT_S}] seconds")));
             }
         }
+        // Bounds that keep every sum and product of the layout and map arithmetic in u64.
+        let within = |v: &[u64]| v.iter().try_fold(0u64, |a, &b| a.checked_add(b)).is_some_and(|t| t <= MAX_TOTAL_BYTES);
+        if !within(&self.shard_sizes) {
+            return Err(("shard_sizes", "the shard sizes add up to more than 2^60 bytes (1 EiB)".into()));
+        }
+        if !within(&self.model.layer_bytes) {
+            return Err(("model.layer_bytes", "the layers add up to more than 2^60 bytes (1 EiB)".into()));
+        }
+        if self.model.parameters > MAX_PARAMETERS {
+            return Err(("model.parameters", format!("{} is more than 2^50", self.model.parameters)));
+        }
         let dp = self.data_parallel().map_err(|e| ("model", e))?;
         split(self.global_batch, u64::from(dp), self.max_micro_batch).map_err(|e| ("global_batch", e))?;
         plan(&self.layout()).map_err(|(f, e)| (f, e))?;
@@ -151,7 +166,12 @@ impl JobSpec {
     }
 
     fn data_parallel(&self) -> Result<u32, String> {
-        let per = self.model.tensor_parallel.max(1) * self.model.pipeline_stages.max(1);
+        let per = self.model.tensor_parallel.max(1).checked_mul(self.model.pipeline_stages.max(1)).ok_or_else(|| {
+            format!(
+                "tensor_parallel × pipeline_stages ({} × {}) is past any worker count",
+                self.model.tensor_parallel, self.model.pipeline_stages
+            )
+        })?;
         if self.workers % per != 0 {
             return Err(format!("workers {} is not a multiple of tensor_parallel × pipeline_stages = {per}", self.workers));
         }
@@ -338,6 +358,37 @@ mod tests {
     fn spec(workers: u32) -> JobSpec {
         serde_json::from_value(serde_json::json!({"workers": workers, "shard_sizes": (0..600).map(|i| 100 + i % 50).collect::<Vec<u64>>(),
             "global_batch": 1000, "max_micro_batch": 16})).unwrap()
+    }
+
+    #[test]
+    fn absurd_numbers_are_refused_or_computed_never_a_panic() {
+        let mut s = spec(4);
+        s.model.tensor_parallel = u32::MAX;
+        s.model.pipeline_stages = u32::MAX;
+        assert_eq!(s.validate().unwrap_err().0, "model");
+        let mut s = spec(4);
+        s.global_batch = u64::MAX;
+        assert_eq!(s.validate().unwrap_err().0, "global_batch", "would be 2^60 micro-batches per rank");
+        let cases: [(fn(&mut JobSpec), &str); 3] = [
+            (|s| s.shard_sizes = vec![u64::MAX; 8], "shard_sizes"),
+            (|s| s.model.layer_bytes = vec![u64::MAX; 4], "model.layer_bytes"),
+            (|s| s.model.parameters = u64::MAX, "model.parameters"),
+        ];
+        for (break_it, field) in cases {
+            let mut s = spec(4);
+            break_it(&mut s);
+            assert_eq!(s.validate().unwrap_err().0, field);
+        }
+        // At the bounds, the map is computed.
+        let mut s = spec(4);
+        s.shard_sizes = vec![1 << 50; 1024];
+        s.model.layer_bytes = vec![1 << 58; 4];
+        s.model.parameters = 1 << 50;
+        s.model.zero_stage = 3;
+        if s.validate().is_ok() {
+            let m = next_map("j", &s, 1, None, &BTreeSet::new()).unwrap();
+            assert!(m.ranks.iter().all(|r| r.shard_bytes > 0));
+        }
     }
 
     #[test]
