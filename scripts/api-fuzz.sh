@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzz the control API from its own OpenAPI document with schemathesis: a single-node control
 # plane with bearer tokens, every operation, generated and mutated inputs. Fails on any 5xx
-# response, on a crash, or on a panic in the node's log. Needs `schemathesis` (pip) and the
+# response, on a crash, or on a panic in the node's log. Then scripts/api-mutate.py: every
+# number of a valid spec per kind replaced by extremes, on a node of its own. Needs `schemathesis` (pip) and the
 # debug build of weft-control (scripts/test.sh builds it first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,4 +41,6 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -X PUT "http://$api/v1/clusters/x"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X PUT -H 'Authorization: Bearer ci-viewer-token-0123' "http://$api/v1/clusters/x" -d '{}')
 [ "$code" = 403 ] || { echo "api-fuzz: FAILED — viewer PUT answered $code, not 403"; exit 1; }
 [ $status = 0 ] && echo "api-fuzz: OK — no 5xx, no crash, no panic" || echo "api-fuzz: FAILED (schemathesis exit $status)"
+# Extremes in every number of every kind's spec, which schemathesis's generic `spec` never reaches.
+python3 scripts/api-mutate.py target/debug/weft-control || status=1
 exit $status
