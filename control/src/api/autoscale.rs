@@ -189,7 +189,7 @@ async fn preempt_training(st: &AppState, node: &str, notice_s: f64, after_steps:
             continue;
         }
         if let Some(f) = crate::shards::checkpoint::furthest(&map, &workers) {
-            map.checkpoint_at = Some(f + after_steps);
+            map.checkpoint_at = Some(f.saturating_add(after_steps));
         }
         for w in &members {
             if !map.draining.contains(w) {
