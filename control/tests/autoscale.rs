@@ -254,6 +254,12 @@ async fn decided_replicas_are_placed_on_the_inventory_per_pool_replaced_and_rele
     })
     .await;
 
+    // Someone else's work on the spot node (placed by hand through the scheduler).
+    let batch = "workloads:\n  - {kind: replica, name: batch-0, variant: batch, base_model: other, base_bytes: 1073741824, delta_bytes: 0, working_set_bytes: 0, \
+                 compute_milli: 100, cpu_milli: 100, memory_mib: 100, class: best_effort}\n";
+    ok(&url, &["schedule", "apply", "-f", &write(&dir, "batch.yaml", batch)]).await;
+    assert_eq!(json(&url, &["get", "placement", "batch-0"]).await["spec"]["allocations"][0]["node"], "spot-1");
+
     // A preemption notice for the spot node: its replicas move to on-demand placements (the
     // decision's replacements), and nothing new goes to the doomed node.
     ok(&url, &["autoscale", "preempt", "--node", "spot-1"]).await;
@@ -262,11 +268,14 @@ async fn decided_replicas_are_placed_on_the_inventory_per_pool_replaced_and_rele
     })
     .await;
     assert!(moved.iter().all(|x| x["name"].as_str().unwrap().starts_with("chat-p-od-")), "{moved:?}");
+    // The autoscaler releases only its own: other work on the doomed node stays until it goes.
+    assert_eq!(json(&url, &["get", "placement", "batch-0"]).await["spec"]["allocations"][0]["node"], "spot-1");
 
     // Deleting the autoscaler releases every replica it placed, and nothing else.
     drop(stop);
     ok(&url, &["delete", "autoscaler", "chat-p"]).await;
     placements_until(&url, "the deleted autoscaler's replicas are released", |p| p.is_empty()).await;
+    assert_eq!(json(&url, &["get", "placement", "batch-0"]).await["name"], "batch-0");
     assert_eq!(json(&url, &["get", "nodes"]).await.as_array().unwrap().len(), 2);
 }
 
