@@ -118,6 +118,10 @@ pub fn decide(scheduler: &mut Scheduler, workloads: &[Workload], committed: &BTr
             None => fresh.push(w.clone()),
         }
     }
+    // What the scheduler holds before planning: a committed placement it could not take back
+    // (its node left the inventory, or was left out of it) can be missing afterwards without
+    // having been evicted.
+    let held: BTreeSet<String> = scheduler.cluster().allocations().map(|(_, a)| a.owner.clone()).collect();
     let plan = scheduler.plan(&fresh, preempt);
     let mut evicted_by: HashMap<String, String> = HashMap::new();
     for p in &plan.placed {
@@ -151,7 +155,7 @@ pub fn decide(scheduler: &mut Scheduler, workloads: &[Workload], committed: &BTr
         }
     }
     decision.unplaced.extend(plan.unplaced);
-    decision.evicted = committed.iter().filter(|n| !now.contains_key(n.as_str())).cloned().collect();
+    decision.evicted = committed.iter().filter(|n| held.contains(*n) && !now.contains_key(n.as_str())).cloned().collect();
     decision
 }
 
@@ -215,6 +219,17 @@ mod tests {
             min_uptime_hours: 0.0,
             gpu_spec: vec![],
         })
+    }
+
+    #[test]
+    fn a_placement_the_inventory_lost_is_not_reported_evicted() {
+        let (first, _) = plan(&[], &[replica("a-0", "a", 0, 500)], false);
+        let mut committed: Vec<(String, PlacementRecord)> = first.placed.into_iter().collect();
+        committed[0].1.allocations[0].node = "gone".into();
+        let (second, warnings) = plan(&committed, &[replica("b-0", "b", 5, 1000), replica("c-0", "c", 5, 1000)], true);
+        assert_eq!(warnings.len(), 1, "the lost placement is named: {warnings:?}");
+        assert_eq!(second.placed.len(), 2);
+        assert!(second.evicted.is_empty(), "nothing held was evicted: {second:?}");
     }
 
     #[test]

@@ -343,7 +343,8 @@ async fn place(st: &AppState, specs: &BTreeMap<String, AutoscalerSpec>) -> Resul
                 unplaced.entry(a.clone()).or_default().push(format!("{w}: no GPU inventory (create nodes: kind Node) outside preemption notices"));
             }
         } else {
-            let mut loaded = placements_logic::load(usable.clone(), &kept, SchedulerConfig::default())?;
+            // Placements on a doomed node are left out of the scheduler, never evicted by it.
+            let mut loaded = placements_logic::load(usable, &kept, SchedulerConfig::default())?;
             let committed_names = kept.iter().map(|(n, _)| n.clone()).collect();
             // Preemption evicts only strictly lower priorities (the template's `priority`).
             let d = placements_logic::decide(&mut loaded.scheduler, &add, &committed_names, true);
@@ -352,13 +353,7 @@ async fn place(st: &AppState, specs: &BTreeMap<String, AutoscalerSpec>) -> Resul
                 let value_json = serde_json::to_string(&rec).map_err(|e| e.to_string())?;
                 writes.push(Command::Put { kind: Kind::Placements.as_str().into(), name, value_json, expect_revision: Some(0) });
             }
-            // Only what the scheduler held can have been evicted: placements on a doomed node
-            // (left out of `usable`) or on a node gone from the inventory stay as they are.
-            let usable_names: std::collections::BTreeSet<&str> = usable.iter().map(|n| n.name.as_str()).collect();
-            let held = |name: &String| {
-                kept.iter().any(|(n, p)| n == name && p.allocations.iter().all(|a| usable_names.contains(a.node.as_str())))
-            };
-            for name in d.evicted.iter().filter(|n| held(n)) {
+            for name in &d.evicted {
                 writes.push(Command::Delete { kind: Kind::Placements.as_str().into(), name: name.clone(), expect_revision: revision_of(name) });
             }
             for u in d.unplaced {
