@@ -158,10 +158,13 @@ async fn a_job_scaled_4_6_3_with_a_rank_killed_trains_every_record_exactly_once(
     let st = until(&c, &node, &mut l, "a checkpoint under map v3", limit, |s| s["checkpoints"]["last"]["map_version"] == 3).await;
     assert_eq!(st["completed"], false, "the job must still be running");
     // A coordinated checkpoint on request: the control plane picks the step, every rank takes it.
-    let (s, asked) = api(&c, Method::POST, node.api, &format!("/v1/training/{JOB}/checkpoint"), Some(json!({"after_steps": 23}))).await;
+    // 100 steps (1 s) ahead: the toy's ranks step independently (real data-parallel ranks move
+    // in lockstep), so the map must reach every one before it passes the step, also on a
+    // loaded CI machine (23 steps once fell short there).
+    let (s, asked) = api(&c, Method::POST, node.api, &format!("/v1/training/{JOB}/checkpoint"), Some(json!({"after_steps": 100}))).await;
     assert_eq!(s, StatusCode::OK, "{asked}");
     let k = asked["step"].as_u64().unwrap();
-    assert_eq!(k, asked["furthest_rank_step"].as_u64().unwrap() + 23);
+    assert_eq!(k, asked["furthest_rank_step"].as_u64().unwrap() + 100);
     let st = until(&c, &node, &mut l, "a complete checkpoint at or after the requested step", limit, |s| last_step(s).is_some_and(|x| x >= k)).await;
     let files: Vec<String> = std::fs::read_dir(l.dir.join("ckpt").join(JOB)).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     for rank in 0..5 {
