@@ -285,10 +285,11 @@ async fn tick_once(st: &AppState) -> Result<(), String> {
 /// hand, is replaced on the next one.
 async fn place(st: &AppState, specs: &BTreeMap<String, AutoscalerSpec>) -> Result<(), String> {
     let placing = specs.values().any(|s| s.placement.is_some());
-    // Cheap check first: no placing autoscaler and nothing owned means nothing to do.
+    // Cheap check first (a local read, no lock): no placing autoscaler and nothing owned by one
+    // means nothing to do.
     let owns_any = || -> Result<bool, String> {
         let list = st.node.local().list(Kind::Placements.as_str()).map_err(|e| e.to_string())?;
-        Ok(list.iter().any(|r| r.value_json.contains("\"owner\":\"autoscaler/")))
+        Ok(list.iter().filter_map(|r| serde_json::from_str::<PlacementRecord>(&r.value_json).ok()).any(|p| owner(&p).is_some()))
     };
     if !placing && !owns_any()? {
         st.autoscale.placed.lock().unwrap().clear();
@@ -301,7 +302,7 @@ async fn place(st: &AppState, specs: &BTreeMap<String, AutoscalerSpec>) -> Resul
     let doomed = st.autoscale.doomed_nodes();
     let mut owned: BTreeMap<String, Vec<Owned>> = BTreeMap::new();
     for (name, rec, _) in &basis.committed {
-        if let Some(a) = rec.owner.as_deref().and_then(placing::owning_autoscaler) {
+        if let Some(a) = owner(rec) {
             let healthy = rec.allocations.iter().all(|x| inventory.contains(x.node.as_str()));
             let doomed = rec.allocations.iter().any(|x| doomed.contains(&x.node));
             owned.entry(a.to_string()).or_default().push(Owned { name: name.clone(), healthy, doomed });
@@ -310,7 +311,7 @@ async fn place(st: &AppState, specs: &BTreeMap<String, AutoscalerSpec>) -> Resul
     let mut names: Vec<&String> = specs.iter().filter(|(_, s)| s.placement.is_some()).map(|(n, _)| n).collect();
     names.extend(owned.keys().filter(|n| specs.get(*n).is_none_or(|s| s.placement.is_none())));
     let mut add = Vec::new();
-    let mut remove = Vec::new();
+    let mut release = Vec::new();
     let mut owner_of = BTreeMap::new();
     for name in names {
         let spec = specs.get(name);
@@ -325,17 +326,13 @@ async fn place(st: &AppState, specs: &BTreeMap<String, AutoscalerSpec>) -> Resul
             owner_of.insert(w.name().to_string(), name.clone());
         }
         add.extend(diff.add);
-        remove.extend(diff.remove);
+        release.extend(diff.remove);
     }
     let mut unplaced: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut writes = Vec::new();
-    let revision_of = |n: &str| basis.committed.iter().find(|(c, _, _)| c == n).map(|(_, _, r)| *r);
-    for name in &remove {
-        writes.push(Command::Delete { kind: Kind::Placements.as_str().into(), name: name.clone(), expect_revision: revision_of(name) });
-    }
+    let mut placed = BTreeMap::new();
     if !add.is_empty() {
         let kept: Vec<(String, PlacementRecord)> =
-            basis.committed.iter().filter(|(n, _, _)| !remove.contains(n)).map(|(n, p, _)| (n.clone(), p.clone())).collect();
+            basis.committed.iter().filter(|(n, _, _)| !release.contains(n)).map(|(n, p, _)| (n.clone(), p.clone())).collect();
         // Nothing new goes to a node that is about to be taken back.
         let usable: Vec<_> = basis.nodes.iter().filter(|n| !doomed.contains(&n.name)).cloned().collect();
         if usable.is_empty() {
@@ -350,18 +347,16 @@ async fn place(st: &AppState, specs: &BTreeMap<String, AutoscalerSpec>) -> Resul
             let d = placements_logic::decide(&mut loaded.scheduler, &add, &committed_names, true);
             for (name, mut rec) in d.placed {
                 rec.owner = owner_of.get(&name).map(|a| placing::owner(a));
-                let value_json = serde_json::to_string(&rec).map_err(|e| e.to_string())?;
-                writes.push(Command::Put { kind: Kind::Placements.as_str().into(), name, value_json, expect_revision: Some(0) });
+                placed.insert(name, rec);
             }
-            for name in &d.evicted {
-                writes.push(Command::Delete { kind: Kind::Placements.as_str().into(), name: name.clone(), expect_revision: revision_of(name) });
-            }
+            release.extend(d.evicted);
             for u in d.unplaced {
                 let a = owner_of.get(&u.workload).cloned().unwrap_or_default();
                 unplaced.entry(a).or_default().push(format!("{}: {}", u.workload, u.reason));
             }
         }
     }
+    let writes = crate::api::schedule::placement_writes(&basis, &placed, &release);
     if !writes.is_empty() {
         let n = writes.len();
         let revision = crate::api::schedule::write_all(st, writes).await.map_err(|e| e.to_string())?;
@@ -370,7 +365,12 @@ async fn place(st: &AppState, specs: &BTreeMap<String, AutoscalerSpec>) -> Resul
     record_placed(st, specs, &decisions, unplaced)
 }
 
-/// Counts each placing autoscaler's placements as now stored, for the status.
+/// The autoscaler that placed `p`, if one did.
+fn owner(p: &PlacementRecord) -> Option<&str> {
+    p.owner.as_deref().and_then(placing::owning_autoscaler)
+}
+
+/// Counts each placing autoscaler's placements as now stored, per pool, for the status.
 fn record_placed(
     st: &AppState,
     specs: &BTreeMap<String, AutoscalerSpec>,
@@ -388,10 +388,12 @@ fn record_placed(
         .collect();
     for r in st.node.local().list(Kind::Placements.as_str()).map_err(|e| e.to_string())? {
         let Ok(rec) = serde_json::from_str::<PlacementRecord>(&r.value_json) else { continue };
-        let Some(p) = rec.owner.as_deref().and_then(placing::owning_autoscaler).and_then(|a| out.get_mut(a)) else { continue };
-        match &rec.workload {
-            crate::scheduler::workload::Workload::Replica(x) if x.class == crate::scheduler::workload::ServiceClass::Critical => p.on_demand += 1,
-            _ => p.spot += 1,
+        let Some(a) = owner(&rec) else { continue };
+        let Some(p) = out.get_mut(a) else { continue };
+        match placing::lane_of(a, &r.name) {
+            Some(placing::Lane::OnDemand) => p.on_demand += 1,
+            Some(placing::Lane::Spot) => p.spot += 1,
+            None => {}
         }
     }
     *st.autoscale.placed.lock().unwrap() = out;

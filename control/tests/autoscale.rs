@@ -144,11 +144,11 @@ async fn load_reports_become_committed_pushed_decisions_and_preemption_replaces_
 
     // Deleting the autoscaler retires its decision.
     ok(&url, &["delete", "autoscaler", "chat-a"]).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while ctl(&url, &["get", "scalingdecisions", "chat-a"], None).await.code == 0 {
-        assert!(Instant::now() < deadline, "the decision of a deleted autoscaler stays");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll("retirement of the deleted autoscaler's decision", Duration::from_secs(10), async || {
+        let o = ctl(&url, &["get", "scalingdecisions", "chat-a"], None).await;
+        if o.code != 0 { Ok(()) } else { Err(o.stdout) }
+    })
+    .await;
     drop(stop);
 }
 
@@ -180,15 +180,11 @@ async fn owned_placements(url: &str) -> Vec<Value> {
 
 /// Polls until `done` holds for the autoscaler's placements.
 async fn placements_until(url: &str, what: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    poll(&format!("placements where {what}"), Duration::from_secs(20), async || {
         let p = owned_placements(url).await;
-        if done(&p) {
-            return p;
-        }
-        assert!(Instant::now() < deadline, "placements never reached: {what}: {p:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if done(&p) { Ok(p) } else { Err(format!("{p:?}")) }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,16 +201,12 @@ async fn decided_replicas_are_placed_on_the_inventory_per_pool_replaced_and_rele
     // No inventory yet: the decision is made, nothing is placed, and the status says why.
     ok(&url, &["apply", "-f", &write(&dir, "as.yaml", PLACING)]).await;
     decision_until_named(&url, "chat-p", "the floor is decided", |d| d["replicas"] == 1).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    poll("status saying why nothing is placed", Duration::from_secs(10), async || {
         let status = json(&url, &["autoscale", "status"]).await;
-        let p = &status["items"][0]["placement"];
-        if p["unplaced"].to_string().contains("no GPU inventory") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the status never said why nothing is placed: {status}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        let said = status["items"][0]["placement"]["unplaced"].to_string().contains("no GPU inventory");
+        if said { Ok(()) } else { Err(status.to_string()) }
+    })
+    .await;
     for (i, n) in INVENTORY.iter().enumerate() {
         ok(&url, &["apply", "-f", &write(&dir, &format!("node{i}.yaml"), n)]).await;
     }
@@ -281,16 +273,28 @@ async fn decided_replicas_are_placed_on_the_inventory_per_pool_replaced_and_rele
 
 /// Polls the stored decision of autoscaler `name` until `done` holds.
 async fn decision_until_named(url: &str, name: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    poll(&format!("a decision of {name} where {what}"), Duration::from_secs(20), async || {
         let o = ctl(url, &["get", "scalingdecisions", name, "-o", "json"], None).await;
         if o.code == 0 {
             let v: Value = serde_json::from_str(&o.stdout).unwrap();
             if done(&v["spec"]) {
-                return v;
+                return Ok(v);
             }
         }
-        assert!(Instant::now() < deadline, "no decision of {name} where {what} within 20 s: {o:?}");
+        Err(format!("{o:?}"))
+    })
+    .await
+}
+
+/// Runs `probe` every 100 ms until it returns `Ok`; fails naming `what` and the last `Err`
+/// (what was seen instead) once `limit` has passed.
+async fn poll<T>(what: &str, limit: Duration, mut probe: impl AsyncFnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        match probe().await {
+            Ok(v) => return v,
+            Err(seen) => assert!(Instant::now() < deadline, "no {what} within {limit:?}; last seen: {seen}"),
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -153,22 +153,33 @@ pub async fn apply(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResult<Js
     let _one_at_a_time = st.schedule.lock().await;
     let basis = basis(&st).await?;
     let (decision, warnings) = decide(&basis, &req, basis.nodes.clone())?;
-    let mut writes = Vec::new();
-    for (name, p) in &decision.placed {
-        let value_json = serde_json::to_string(p).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        writes.push(Command::Put {
-            kind: Kind::Placements.as_str().into(),
-            name: name.clone(),
-            value_json,
-            expect_revision: Some(0),
-        });
-    }
-    for name in &decision.evicted {
-        let revision = basis.committed.iter().find(|(n, _, _)| n == name).map(|(_, _, r)| *r);
-        writes.push(Command::Delete { kind: Kind::Placements.as_str().into(), name: name.clone(), expect_revision: revision });
-    }
+    let writes = placement_writes(&basis, &decision.placed, &decision.evicted);
     let revision = write_all(&st, writes).await?.max(basis.revision);
     Ok(Json(answer(&decision, &warnings, revision, true)))
+}
+
+/// The commands that store `placed` (each must be new) and delete `released` (each at the
+/// revision `basis` read, so a placement changed meanwhile makes the write fail, not vanish).
+pub(crate) fn placement_writes<'a>(
+    basis: &Basis,
+    placed: impl IntoIterator<Item = (&'a String, &'a PlacementRecord)>,
+    released: impl IntoIterator<Item = &'a String>,
+) -> Vec<Command> {
+    let kind = || Kind::Placements.as_str().to_string();
+    let mut writes: Vec<Command> = placed
+        .into_iter()
+        .map(|(name, p)| Command::Put {
+            kind: kind(),
+            name: name.clone(),
+            value_json: serde_json::to_string(p).expect("placement records serialize"),
+            expect_revision: Some(0),
+        })
+        .collect();
+    for name in released {
+        let revision = basis.committed.iter().find(|(n, _, _)| n == name).map(|(_, _, r)| *r);
+        writes.push(Command::Delete { kind: kind(), name: name.clone(), expect_revision: revision });
+    }
+    writes
 }
 
 /// Commits `writes`, submitted together so the proposer commits them as one log entry when it

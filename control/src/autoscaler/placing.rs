@@ -54,6 +54,11 @@ pub fn replica_name(autoscaler: &str, lane: Lane, i: u32) -> String {
     format!("{autoscaler}-{}-{i}", lane.infix())
 }
 
+/// The pool of placement `name` if it is one of `autoscaler`'s replicas.
+pub fn lane_of(autoscaler: &str, name: &str) -> Option<Lane> {
+    parse(autoscaler, name).map(|(lane, _)| lane)
+}
+
 fn parse(autoscaler: &str, name: &str) -> Option<(Lane, u32)> {
     let rest = name.strip_prefix(autoscaler)?.strip_prefix('-')?;
     let (lane, i) = rest.split_once('-')?;
@@ -102,14 +107,15 @@ pub fn reconcile(t: &Target<'_>, owned: &[Owned]) -> Diff {
         return diff;
     };
     let Some((od, spot)) = t.want else { return diff };
-    let taken: BTreeSet<(Lane, u32)> = owned.iter().filter_map(|o| parse(t.autoscaler, &o.name)).collect();
+    let parsed: Vec<(Option<(Lane, u32)>, &Owned)> = owned.iter().map(|o| (parse(t.autoscaler, &o.name), o)).collect();
+    let taken: BTreeSet<(Lane, u32)> = parsed.iter().filter_map(|(p, _)| *p).collect();
     for (lane, want) in [(Lane::OnDemand, od), (Lane::Spot, spot)] {
         // Sorted so that what to release comes last: doomed replicas, then the newest.
         let mut keep: Vec<(bool, u32, &str)> = Vec::new();
-        for o in owned {
-            match parse(t.autoscaler, &o.name) {
-                Some((l, i)) if l == lane && o.healthy => keep.push((o.doomed, i, &o.name)),
-                Some((l, _)) if l == lane => diff.remove.push(o.name.clone()),
+        for (p, o) in &parsed {
+            match p {
+                Some((l, i)) if *l == lane && o.healthy => keep.push((o.doomed, *i, &o.name)),
+                Some((l, _)) if *l == lane => diff.remove.push(o.name.clone()),
                 _ => {}
             }
         }
@@ -127,7 +133,7 @@ pub fn reconcile(t: &Target<'_>, owned: &[Owned]) -> Diff {
         }
     }
     // Owned placements under names that are not this autoscaler's replicas.
-    diff.remove.extend(owned.iter().filter(|o| parse(t.autoscaler, &o.name).is_none()).map(|o| o.name.clone()));
+    diff.remove.extend(parsed.iter().filter(|(p, _)| p.is_none()).map(|(_, o)| o.name.clone()));
     diff
 }
 
