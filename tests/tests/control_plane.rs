@@ -131,6 +131,28 @@ async fn three_nodes_keep_every_acknowledged_write_through_a_leader_crash_and_a_
     .await;
 }
 
+/// A node fsyncs its applied state only every 1,024 entries (the log is fsynced per append):
+/// killed with SIGKILL after acknowledged writes, it rebuilds them from its log on restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_rebuilds_its_unsynced_state_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = control_cluster(1, dir.path()).await;
+    let c = client();
+    let mut want = BTreeMap::new();
+    for j in 1..=200u64 {
+        put(&c, nodes[0].api, &format!("/v1/clusters/k{j}"), json!({"max_idle_per_endpoint": j})).await;
+        want.insert(format!("k{j}"), j);
+    }
+    nodes[0].kill();
+    nodes[0].restart();
+    wait_for("the restarted node has every acknowledged write", Duration::from_secs(30), || async {
+        let local = cluster_values(&c, nodes[0].api, "local").await?;
+        (local == want).then_some(())
+    })
+    .await;
+    put(&c, nodes[0].api, "/v1/clusters/k1", json!({"max_idle_per_endpoint": 1000})).await;
+}
+
 /// Clusters a and b (one upstream each), experiment e split a:b by `wa:wb`, service s → e.
 async fn apply_ab(c: &HttpClient, node: SocketAddr, a: &Upstream, b: &Upstream, wa: u32, wb: u32) {
     put(c, node, "/v1/clusters/a", json!({"endpoints": [a.addr.to_string()]})).await;

@@ -27,7 +27,8 @@ struct Args {
     /// xDS address sidecars are told about (default: --xds-listen).
     #[arg(long)]
     xds_advertise: Option<String>,
-    /// Directory of the node's data file (weft-control.redb).
+    /// Directory of the node's data files (weft-control.log.redb: Raft log and vote;
+    /// weft-control.redb: state machine and snapshots).
     #[arg(long, default_value = "weft-data")]
     data_dir: PathBuf,
     /// Bootstrap a new single-member cluster (ignored when the data dir already holds one).

@@ -1,12 +1,20 @@
-//! The redb file layout shared by the log store and the state machine.
+//! The redb files shared by the log store and the state machine.
 //!
-//! One file holds everything so a node's durable state is one path to back up or wipe. Log
-//! appends and votes commit with redb's default durability (fsync), which is what makes a Raft
-//! acknowledgement mean "on disk"; applying to the state machine does not fsync (see
-//! `state.rs`: it is rebuilt from the durable log after a crash).
+//! A node keeps two files in its data dir, like etcd's WAL beside its bbolt backend:
+//! - `<name>.log.redb`: the Raft log, the vote and the committed/purged ids. Every append and
+//!   vote commits with an fsync, which is what makes a Raft acknowledgement mean "on disk".
+//! - `<name>.redb`: the state machine (resources, history, snapshot). Applying does not fsync;
+//!   the file is made durable every [`super::state::SYNC_EVERY`] applied entries, with every
+//!   snapshot and at shutdown, and after a crash openraft re-applies the rest from the log.
+//!
+//! Why two files: redb writes every page a transaction dirtied at the next durable commit. In
+//! one file, each log append also flushed the pages of the previous apply (17 pages written
+//! per append instead of 9 at one writer), on the critical path of every write.
+
+use std::path::{Path, PathBuf};
 
 use openraft::{AnyError, StorageError, StorageIOError};
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -45,13 +53,11 @@ pub(crate) const KEY_MEMBERSHIP: &str = "membership";
 pub(crate) const KEY_SNAPSHOT_META: &str = "snapshot_meta";
 pub(crate) const KEY_SNAPSHOT_DATA: &str = "snapshot_data";
 
-/// Opens (or creates) the file and makes sure every table exists, so readers never see
-/// `TableDoesNotExist` on a fresh file.
-pub(crate) fn open(path: &std::path::Path) -> Result<redb::Database, redb::Error> {
+/// Opens (or creates) the state-machine file and makes sure its tables exist, so readers never
+/// see `TableDoesNotExist` on a fresh file.
+pub(crate) fn open_state(path: &Path) -> Result<redb::Database, redb::Error> {
     let db = redb::Database::create(path)?;
     let tx = db.begin_write()?;
-    tx.open_table(LOG)?;
-    tx.open_table(RAFT_META)?;
     tx.open_table(SM_META)?;
     tx.open_table(SNAPSHOT)?;
     tx.open_table(RESOURCES)?;
@@ -60,6 +66,106 @@ pub(crate) fn open(path: &std::path::Path) -> Result<redb::Database, redb::Error
     move_snapshot_out_of_sm_meta(&tx)?;
     tx.commit()?;
     Ok(db)
+}
+
+/// The log file that belongs beside the state file at `state_path`.
+pub(crate) fn log_path(state_path: &Path) -> PathBuf {
+    state_path.with_extension("log.redb")
+}
+
+/// Opens the log file beside `state` (at `path`), creating it on first use. A state file from
+/// before the split holds the log itself: its log tables are copied into a new file under a
+/// temporary name, which is renamed into place only once complete, and then dropped from the
+/// state file. A crash at any point leaves the log whole in exactly one authoritative place:
+/// the log file once it exists, the state file until then.
+pub(crate) fn open_log(state: &redb::Database, path: &Path) -> Result<redb::Database, redb::Error> {
+    if !path.exists() {
+        refuse_state_without_log(state, path)?;
+        let tmp = path.with_extension("redb.partial");
+        if tmp.exists() {
+            std::fs::remove_file(&tmp)?;
+        }
+        {
+            let log = create_log(&tmp)?;
+            copy_log_tables(state, &log)?;
+        }
+        std::fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            // The rename must be durable before the state file forgets its copy.
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+    }
+    let log = create_log(path)?;
+    // Leftovers of the old layout (the rename above happened, the cleanup did not).
+    let tx = state.begin_write()?;
+    let dropped = tx.delete_table(LOG)? | tx.delete_table(RAFT_META)?;
+    if dropped {
+        tx.commit()?;
+    }
+    Ok(log)
+}
+
+/// A state file that has applied entries but no Raft metadata, with no log file beside it, lost
+/// its log file (a restore that copied one file of two). Starting anyway would make an empty
+/// log and forget the vote, which could let the node vote twice in one term.
+fn refuse_state_without_log(state: &redb::Database, log_path: &Path) -> Result<(), redb::Error> {
+    let tx = state.begin_read()?;
+    // An old-layout file always has its vote here, even when snapshots purged the whole log.
+    let holds_log = match tx.open_table(RAFT_META) {
+        Ok(t) => !t.is_empty()?,
+        Err(redb::TableError::TableDoesNotExist(_)) => false,
+        Err(e) => return Err(e.into()),
+    };
+    let applied = tx.open_table(SM_META)?.get(KEY_LAST_APPLIED)?.is_some();
+    if applied && !holds_log {
+        return Err(redb::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "the log file {} is missing beside a state file that has applied entries; \
+                 restore both files of the data dir together, or start this node with an empty \
+                 data dir to copy the state from the leader",
+                log_path.display()
+            ),
+        )));
+    }
+    Ok(())
+}
+
+fn create_log(path: &Path) -> Result<redb::Database, redb::Error> {
+    let db = redb::Database::create(path)?;
+    let tx = db.begin_write()?;
+    tx.open_table(LOG)?;
+    tx.open_table(RAFT_META)?;
+    tx.commit()?;
+    Ok(db)
+}
+
+/// Copies the log and Raft metadata rows of an old-layout state file into `log` (one durable
+/// transaction; nothing to copy on a new file).
+fn copy_log_tables(state: &redb::Database, log: &redb::Database) -> Result<(), redb::Error> {
+    let src = state.begin_read()?;
+    let tx = log.begin_write()?;
+    copy_table(&src, &tx, LOG)?;
+    copy_table(&src, &tx, RAFT_META)?;
+    Ok(tx.commit()?)
+}
+
+pub(crate) fn copy_table<K: redb::Key + 'static>(
+    src: &redb::ReadTransaction,
+    dst: &redb::WriteTransaction,
+    def: TableDefinition<K, &'static [u8]>,
+) -> Result<(), redb::Error> {
+    let old = match src.open_table(def) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut t = dst.open_table(def)?;
+    for row in old.iter()? {
+        let (k, v) = row?;
+        t.insert(k.value(), v.value())?;
+    }
+    Ok(())
 }
 
 /// Files written before the `SNAPSHOT` table kept the snapshot in `SM_META`: move it over (in

@@ -1,7 +1,8 @@
-//! The Raft-replicated config store: openraft over one redb file.
+//! The Raft-replicated config store: openraft over two redb files (the log; the state).
 //!
 //! - `types`: the Raft type config, the replicated `Command`s and their typed results.
-//! - `db`: the redb tables (log, raft metadata, state, history, snapshot) in one file.
+//! - `db`: the redb tables: log and raft metadata in one file, state, history and snapshot in
+//!   the other.
 //! - `log`: `RaftLogStorage` (one fsynced transaction per append batch).
 //! - `state`: `RaftStateMachine` (resources with revisions, history, snapshots).
 //! - `network`: a placeholder transport for single-node clusters.
@@ -80,30 +81,46 @@ impl From<StorageError<NodeId>> for StoreError {
     }
 }
 
-/// The durable half of a node: one redb file shared by the log store and the state machine.
+/// The durable half of a node: the state-machine file and the log file beside it.
 #[derive(Clone)]
 pub struct Store {
     db: Arc<redb::Database>,
+    log_db: Arc<redb::Database>,
     changes: Arc<std::sync::Mutex<state::Changes>>,
+    /// Entries applied since the state file was last fsynced (see `state::SYNC_EVERY`).
+    unsynced: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Store {
-    /// Opens or creates the store file at `path`.
+    /// Opens or creates the store at `path` (the state file) and the log file beside it
+    /// ([`Store::log_path`]); a store from before the split is split on the way.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let db = db::open(path.as_ref()).map_err(StoreError::Open)?;
+        let path = path.as_ref();
+        let db = db::open_state(path).map_err(StoreError::Open)?;
+        let log_db = db::open_log(&db, &db::log_path(path)).map_err(StoreError::Open)?;
         state::upgrade_history(&db).map_err(StoreError::Open)?;
         let changes = state::Changes { everything: true, ..Default::default() };
-        Ok(Self { db: Arc::new(db), changes: Arc::new(std::sync::Mutex::new(changes)) })
+        Ok(Self {
+            db: Arc::new(db),
+            log_db: Arc::new(log_db),
+            changes: Arc::new(std::sync::Mutex::new(changes)),
+            unsynced: Arc::default(),
+        })
+    }
+
+    /// Where the log of the store whose state file is `path` lives.
+    pub fn log_path(path: impl AsRef<Path>) -> std::path::PathBuf {
+        db::log_path(path.as_ref())
     }
 
     /// The log store to hand to `Raft::new`.
     pub fn log_store(&self) -> LogStore {
-        LogStore::new(self.db.clone(), None)
+        LogStore::new(self.log_db.clone(), None)
     }
 
     /// The state machine to hand to `Raft::new` (clones read the same file).
     pub fn state_machine(&self) -> StateMachineStore {
-        StateMachineStore::new(self.db.clone(), self.changes.clone(), None)
+        StateMachineStore::new(self.db.clone(), self.changes.clone(), self.unsynced.clone(), None)
     }
 }
 
@@ -178,8 +195,8 @@ impl Node {
         N: RaftNetworkFactory<TypeConfig>,
     {
         let lease = Arc::new(());
-        let log = LogStore::new(store.db.clone(), Some(lease.clone()));
-        let sm = StateMachineStore::new(store.db.clone(), store.changes.clone(), Some(lease.clone()));
+        let log = LogStore::new(store.log_db.clone(), Some(lease.clone()));
+        let sm = StateMachineStore::new(store.db.clone(), store.changes.clone(), store.unsynced.clone(), Some(lease.clone()));
         let weak = Arc::downgrade(&lease);
         drop(lease);
         let raft = ConfigRaft::new(id, Arc::new(config), network, log, sm)
@@ -372,7 +389,7 @@ impl Node {
     /// the same file can be reopened in this process right after. The file is consistent at
     /// any point; this only matters for in-process restarts.
     pub async fn shutdown(self) -> Result<(), StoreError> {
-        let Self { raft, lease, .. } = self;
+        let Self { raft, lease, state, .. } = self;
         raft.shutdown()
             .await
             .map_err(|e| StoreError::Raft(e.to_string()))?;
@@ -386,6 +403,8 @@ impl Node {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        // Applied state is fsynced only now and then; a clean stop leaves nothing to re-apply.
+        state.sync()?;
         Ok(())
     }
 }

@@ -3,9 +3,14 @@
 //!
 //! Every applied batch is one write transaction that also records `last_applied`, so after a
 //! crash the state and the applied index agree and openraft re-applies only what follows.
+//! Those transactions are not fsynced one by one (the entries are durable in the log file):
+//! the file is synced every [`SYNC_EVERY`] applied entries, with every snapshot (the log is
+//! purged only up to a snapshot, so what a crash undoes is always still in the log) and at
+//! shutdown.
 
 use std::io::Cursor;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{
@@ -46,6 +51,11 @@ pub struct Changes {
     pub everything: bool,
 }
 
+/// Applied entries between two fsyncs of the state file: the most a crash makes a node
+/// re-apply from its log on restart. redb also reclaims the pages freed by unsynced commits
+/// only at a synced one, so this bounds the file's growth between syncs too.
+pub const SYNC_EVERY: u64 = 1024;
+
 /// State-machine handle; clones share the same file (the store keeps one for reads).
 #[derive(Clone)]
 pub struct StateMachineStore {
@@ -53,6 +63,8 @@ pub struct StateMachineStore {
     /// Shared by every handle of one store. Locked across each apply's commit, so a reader of
     /// (`last_applied`, changes) under the lock sees a consistent pair.
     changes: Arc<std::sync::Mutex<Changes>>,
+    /// Entries applied since the last fsynced commit, shared by every handle of one store.
+    unsynced: Arc<AtomicU64>,
     /// Held by every copy openraft owns, so `Node::shutdown` can wait until they are gone.
     _lease: Option<Arc<()>>,
 }
@@ -66,8 +78,21 @@ fn sm_write<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> {
 }
 
 impl StateMachineStore {
-    pub(crate) fn new(db: Arc<redb::Database>, changes: Arc<std::sync::Mutex<Changes>>, lease: Option<Arc<()>>) -> Self {
-        Self { db, changes, _lease: lease }
+    pub(crate) fn new(
+        db: Arc<redb::Database>,
+        changes: Arc<std::sync::Mutex<Changes>>,
+        unsynced: Arc<AtomicU64>,
+        lease: Option<Arc<()>>,
+    ) -> Self {
+        Self { db, changes, unsynced, _lease: lease }
+    }
+
+    /// Makes every applied entry durable (an empty fsynced commit carries the unsynced ones).
+    pub fn sync(&self) -> Result<(), StorageError<NodeId>> {
+        let tx = self.db.begin_write().map_err(sm_write)?;
+        tx.commit().map_err(sm_write)?;
+        self.unsynced.store(0, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The applied index and every key changed up to it since the previous call (the first
@@ -435,13 +460,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let entries: Vec<_> = entries.into_iter().collect();
         let mut tx = self.db.begin_write().map_err(sm_write)?;
-        // Applying needs no fsync of its own: the entries are already durable in the log (same
-        // file), and `last_applied` commits in this same transaction, so after a crash the
-        // state and `last_applied` roll back together and openraft re-applies from the log.
-        // redb persists this commit with the next durable one (the next log append). One
-        // fsync per write instead of two halves the commit latency.
-        tx.set_durability(redb::Durability::None).map_err(sm_write)?;
+        // Applying needs no fsync of its own: the entries are already durable in the log, and
+        // `last_applied` commits in this same transaction, so after a crash the state and
+        // `last_applied` roll back together and openraft re-applies from the log. Every
+        // `SYNC_EVERY` entries one apply is fsynced, which also persists the ones before it.
+        let unsynced = self.unsynced.fetch_add(entries.len() as u64, Ordering::Relaxed) + entries.len() as u64;
+        let sync = unsynced >= SYNC_EVERY;
+        if !sync {
+            tx.set_durability(redb::Durability::None).map_err(sm_write)?;
+        }
         let mut out = Vec::new();
         let mut last = None;
         let mut membership = None;
@@ -482,6 +511,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
         let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         tx.commit().map_err(sm_write)?;
+        if sync {
+            self.unsynced.store(0, Ordering::Relaxed);
+        }
         changes.keys.extend(touched);
         Ok(out)
     }

@@ -467,3 +467,80 @@ async fn history_in_the_old_layout_is_converted_on_open() {
     assert_eq!(gone.iter().map(|h| h.revision).collect::<Vec<_>>(), [3, 5, 7]);
     assert_eq!(values(&sm.history("s", "live").unwrap()), [Some("x")]);
 }
+
+/// A store from before the log had a file of its own (log, vote and state in one file) is split
+/// on open: the node comes back as the same cluster member with every write, and writes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_file_store_is_split_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.redb");
+    let (rev, entries, vote) = {
+        let node = start(&path, 1000).await;
+        let rev = node.write(put("service", "chat", r#"{"v":1}"#, None)).await.unwrap();
+        node.shutdown().await.unwrap();
+        // Rewrite into the old layout: the log tables inside the state file, no log file.
+        let store = Store::open(&path).unwrap();
+        let mut log = store.log_store();
+        let entries = log.try_get_log_entries(..).await.unwrap();
+        let vote = log.read_vote().await.unwrap();
+        let src = redb::ReadableDatabase::begin_read(&*store.log_db).unwrap();
+        let tx = store.db.begin_write().unwrap();
+        super::db::copy_table(&src, &tx, super::db::LOG).unwrap();
+        super::db::copy_table(&src, &tx, super::db::RAFT_META).unwrap();
+        tx.commit().unwrap();
+        (rev, entries, vote)
+    };
+    std::fs::remove_file(Store::log_path(&path)).unwrap();
+
+    {
+        let store = Store::open(&path).unwrap();
+        assert!(Store::log_path(&path).exists(), "the log has a file of its own");
+        let mut log = store.log_store();
+        assert!(entries.len() >= 3, "{entries:?}");
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), entries, "every entry moved");
+        assert_eq!(log.read_vote().await.unwrap(), vote, "the vote moved with the log");
+        let tx = redb::ReadableDatabase::begin_read(&*store.db).unwrap();
+        assert!(tx.open_table(super::db::LOG).is_err(), "no second copy of the log left behind");
+    }
+    let node = start(&path, 1000).await;
+    assert_eq!(node.read("service", "chat").await.unwrap().map(|r| r.revision), Some(rev));
+    let next = node.write(put("service", "chat", r#"{"v":2}"#, Some(rev))).await.unwrap();
+    assert!(next > rev, "the log continues where it was: {next} > {rev}");
+    node.shutdown().await.unwrap();
+}
+
+/// Applying does not fsync each entry: the state file is synced once `SYNC_EVERY` entries have
+/// gathered (and at shutdown), which is what bounds a restart's re-apply after a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applied_entries_are_synced_in_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("s.redb")).unwrap();
+    let node = Node::start_single(1, Member::default(), &store, raft_config(100_000, 0).unwrap())
+        .await
+        .unwrap();
+    let unsynced = || store.unsynced.load(std::sync::atomic::Ordering::Relaxed);
+    let mut peak = 0;
+    for i in 0..state::SYNC_EVERY + 10 {
+        node.write(put("endpoint", &format!("e{i}"), "1", None)).await.unwrap();
+        peak = peak.max(unsynced());
+    }
+    assert!(peak >= state::SYNC_EVERY - 1, "entries gather unsynced (peak {peak})");
+    assert!(unsynced() < 20, "a round was synced ({} left)", unsynced());
+    node.shutdown().await.unwrap();
+    assert_eq!(unsynced(), 0, "shutdown syncs the rest");
+}
+
+/// A state file whose log file is gone (one file of two restored) is refused, naming the
+/// missing file, instead of starting with an empty log and no vote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_without_its_log_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let node = start(&path, 1000).await;
+    node.write(put("service", "chat", "1", None)).await.unwrap();
+    node.shutdown().await.unwrap();
+    std::fs::remove_file(Store::log_path(&path)).unwrap();
+    let err = Store::open(&path).err().expect("refused").to_string();
+    assert!(err.contains("s.log.redb") && err.contains("missing"), "{err}");
+    assert!(!Store::log_path(&path).exists(), "no empty log made in its place");
+}

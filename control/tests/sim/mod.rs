@@ -519,9 +519,12 @@ impl Cluster {
     }
 
     /// Crashes `id`: it vanishes from the network, its Raft stops (in-flight client calls fail
-    /// as they would when the process dies), and its file is released for a restart. Raft
+    /// as they would when the process dies), and its files are released for a restart. Raft
     /// stops before anyone can observe more, so this is a crash at an arbitrary point between
-    /// two storage transactions; redb makes each of those atomic and durable.
+    /// two log transactions, each atomic and durable. One thing a real crash does that this
+    /// cannot: lose the applied state written since the state file's last fsync (redb makes
+    /// pending commits durable when a file is closed in-process). That path, re-applying from
+    /// the log, is covered with SIGKILL in `tests/tests/control_plane.rs`.
     pub async fn crash(&self, id: NodeId) -> Result<(), String> {
         let mut node = self
             .nodes()
