@@ -131,6 +131,39 @@ fn refuse_state_without_log(state: &redb::Database, log_path: &Path) -> Result<(
     Ok(())
 }
 
+/// The log starts after its purged prefix, which only a snapshot in the state file covers. A
+/// state file applied to less than that (lost and recreated, or an older copy) would leave
+/// entries that are in neither file; refuse it, naming both.
+pub(crate) fn refuse_state_behind_log(
+    state: &redb::Database,
+    log: &redb::Database,
+    state_path: &Path,
+) -> Result<(), redb::Error> {
+    let index = |db: &redb::Database, table: TableDefinition<&str, &[u8]>, key: &str| -> Result<u64, redb::Error> {
+        let tx = db.begin_read()?;
+        let t = tx.open_table(table)?;
+        let Some(v) = t.get(key)? else { return Ok(0) };
+        let id: Option<openraft::LogId<NodeId>> =
+            from_json(v.value()).map_err(|e| redb::Error::Corrupted(format!("{key}: {e}")))?;
+        Ok(id.map_or(0, |id| id.index))
+    };
+    let purged = index(log, RAFT_META, KEY_LAST_PURGED)?;
+    let applied = index(state, SM_META, KEY_LAST_APPLIED)?;
+    if purged > applied {
+        return Err(redb::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "the state file {} is applied to index {applied}, but the log beside it is purged \
+                 up to {purged}: the entries between are in neither file (a state file lost or \
+                 restored apart from its log); restore both files of the data dir together, or \
+                 start this node with an empty data dir to copy the state from the leader",
+                state_path.display()
+            ),
+        )));
+    }
+    Ok(())
+}
+
 fn create_log(path: &Path) -> Result<redb::Database, redb::Error> {
     let db = redb::Database::create(path)?;
     let tx = db.begin_write()?;

@@ -98,6 +98,7 @@ impl Store {
         let path = path.as_ref();
         let db = db::open_state(path).map_err(StoreError::Open)?;
         let log_db = db::open_log(&db, &db::log_path(path)).map_err(StoreError::Open)?;
+        db::refuse_state_behind_log(&db, &log_db, path).map_err(StoreError::Open)?;
         state::upgrade_history(&db).map_err(StoreError::Open)?;
         let changes = state::Changes { everything: true, ..Default::default() };
         Ok(Self {

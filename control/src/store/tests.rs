@@ -544,3 +544,24 @@ async fn a_state_file_without_its_log_is_refused() {
     assert!(err.contains("s.log.redb") && err.contains("missing"), "{err}");
     assert!(!Store::log_path(&path).exists(), "no empty log made in its place");
 }
+
+/// A log whose purged prefix the state file does not cover (the state file was lost or is an
+/// older copy) is refused, naming both files, instead of starting with entries missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_purged_past_the_state_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let node = start(&path, 10).await;
+    for i in 0..35 {
+        node.write(put("variant", &format!("v{i}"), "1", None)).await.unwrap();
+    }
+    node.raft()
+        .wait(Some(std::time::Duration::from_secs(5)))
+        .metrics(|m| m.purged.is_some(), "purge")
+        .await
+        .unwrap();
+    node.shutdown().await.unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let err = Store::open(&path).err().expect("refused").to_string();
+    assert!(err.contains("s.redb") && err.contains("purged"), "{err}");
+}
