@@ -222,7 +222,11 @@ async fn drain_calls_the_trainers_checkpoint_hook_before_ready_to_stop() {
     assert!(std::fs::read_dir(dir.join("ckpt").join(JOB)).unwrap().any(|e| {
         e.unwrap().file_name().to_string_lossy().starts_with(&format!("m1-s{step}-r0-"))
     }), "the checkpoint file of step {step} exists");
-    assert!(trainer.log_text().contains(&format!("hook checkpoint step={step}")));
+    // The hook's checkpoint, or one the trainer reported after it before the sidecar answered
+    // (a drained worker keeps training until it is stopped: its gang may need a later step).
+    let log = trainer.log_text();
+    let hooked: Option<u64> = log.lines().find_map(|l| l.strip_prefix("hook checkpoint step=")?.trim().parse().ok());
+    assert!(hooked.is_some_and(|h| h <= step), "the hook checkpointed at or before step {step}: {log}");
     wait_for("the control plane sees the worker ready to stop", Duration::from_secs(10), || async {
         (status(&c, &node).await["trainers"][&w]["ready_to_stop"] == true).then_some(())
     })

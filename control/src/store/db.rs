@@ -90,10 +90,9 @@ pub(crate) fn open_log(state: &redb::Database, path: &Path) -> Result<redb::Data
             copy_log_tables(state, &log)?;
         }
         std::fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            // The rename must be durable before the state file forgets its copy.
-            std::fs::File::open(dir)?.sync_all()?;
-        }
+        // The rename must be durable before the state file forgets its copy.
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::File::open(dir)?.sync_all()?;
     }
     let log = create_log(path)?;
     // Leftovers of the old layout (the rename above happened, the cleanup did not).
@@ -122,13 +121,32 @@ fn refuse_state_without_log(state: &redb::Database, log_path: &Path) -> Result<(
             std::io::ErrorKind::NotFound,
             format!(
                 "the log file {} is missing beside a state file that has applied entries; \
-                 restore both files of the data dir together, or start this node with an empty \
-                 data dir to copy the state from the leader",
+                 restore both files of the data dir together, or remove this node from the \
+                 cluster (`weftctl members remove ID`), empty its data dir and let it join again",
                 log_path.display()
             ),
         )));
     }
     Ok(())
+}
+
+/// The log id stored as JSON under `key` (`None` when absent or stored as `null`).
+fn log_id_at(
+    t: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<Option<openraft::LogId<NodeId>>, redb::Error> {
+    let Some(v) = t.get(key)? else { return Ok(None) };
+    from_json(v.value()).map_err(|e| redb::Error::Corrupted(format!("{key}: {e}")))
+}
+
+/// The `last_applied` of the state file's latest commit.
+pub(crate) fn applied(state: &redb::Database) -> Result<Option<openraft::LogId<NodeId>>, redb::Error> {
+    log_id_at(&state.begin_read()?.open_table(SM_META)?, KEY_LAST_APPLIED)
+}
+
+/// Makes the state file durable: an empty fsynced commit carries every unsynced apply.
+pub(crate) fn sync_state(state: &redb::Database) -> Result<(), redb::Error> {
+    Ok(state.begin_write()?.commit()?)
 }
 
 /// The log starts after its purged prefix, which only a snapshot in the state file covers. A
@@ -140,11 +158,7 @@ pub(crate) fn refuse_state_behind_log(
     state_path: &Path,
 ) -> Result<(), redb::Error> {
     let index = |db: &redb::Database, table: TableDefinition<&str, &[u8]>, key: &str| -> Result<u64, redb::Error> {
-        let tx = db.begin_read()?;
-        let t = tx.open_table(table)?;
-        let Some(v) = t.get(key)? else { return Ok(0) };
-        let id: Option<openraft::LogId<NodeId>> =
-            from_json(v.value()).map_err(|e| redb::Error::Corrupted(format!("{key}: {e}")))?;
+        let id = log_id_at(&db.begin_read()?.open_table(table)?, key)?;
         Ok(id.map_or(0, |id| id.index))
     };
     let purged = index(log, RAFT_META, KEY_LAST_PURGED)?;
@@ -156,7 +170,8 @@ pub(crate) fn refuse_state_behind_log(
                 "the state file {} is applied to index {applied}, but the log beside it is purged \
                  up to {purged}: the entries between are in neither file (a state file lost or \
                  restored apart from its log); restore both files of the data dir together, or \
-                 start this node with an empty data dir to copy the state from the leader",
+                 remove this node from the cluster (`weftctl members remove ID`), empty its data \
+                 dir and let it join again",
                 state_path.display()
             ),
         )));

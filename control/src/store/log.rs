@@ -13,12 +13,14 @@
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 use redb::{ReadableDatabase, ReadableTable};
 
 use super::db::{self, KEY_COMMITTED, KEY_LAST_PURGED, KEY_VOTE, LOG, RAFT_META};
+use super::state::Shared;
 use super::types::{NodeId, TypeConfig};
 
 /// The committed id as openraft last reported it, and whether the file has it yet.
@@ -28,18 +30,29 @@ struct Committed {
     unsaved: bool,
 }
 
+/// The longest a purge waits for a snapshot being installed to reach the state file.
+const INSTALL_WAIT: Duration = Duration::from_secs(30);
+
 /// Log store handle; cheap to clone (the reader openraft asks for is a clone).
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<redb::Database>,
+    /// The state-machine file and what its handles share, looked at before a purge.
+    state: Arc<redb::Database>,
+    shared: Arc<Shared>,
     committed: Arc<Mutex<Committed>>,
     /// Held by every copy openraft owns, so `Node::shutdown` can wait until they are gone.
     _lease: Option<Arc<()>>,
 }
 
 impl LogStore {
-    pub(crate) fn new(db: Arc<redb::Database>, lease: Option<Arc<()>>) -> Self {
-        Self { db, committed: Arc::default(), _lease: lease }
+    pub(crate) fn new(
+        db: Arc<redb::Database>,
+        state: Arc<redb::Database>,
+        shared: Arc<Shared>,
+        lease: Option<Arc<()>>,
+    ) -> Self {
+        Self { db, state, shared, committed: Arc::default(), _lease: lease }
     }
 
     fn last_purged(&self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
@@ -212,6 +225,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         let werr = |e| -> StorageError<NodeId> { StorageIOError::write_logs(e).into() };
+        // Purge only what the state file holds durably. A follower sent a snapshot is told to
+        // purge up to it as soon as the install is queued (openraft 0.9's
+        // `install_full_snapshot`), while its state machine may not have written it yet: a
+        // crash in between would leave entries in neither file. So wait for that install
+        // (bounded: a transfer abandoned half-way never installs), then fsync the state file.
+        let deadline = tokio::time::Instant::now() + INSTALL_WAIT;
+        while self.shared.receiving_within(INSTALL_WAIT)
+            && db::applied(&self.state).map_err(|e| werr(db::any(e)))?.is_none_or(|a| a.index < log_id.index)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        db::sync_state(&self.state).map_err(|e| werr(db::any(e)))?;
         let bytes = db::to_json(&log_id).map_err(|e| werr(db::any(e)))?;
         // The purged id and the deletion commit together, so a crash cannot leave a gap.
         let tx = self.db.begin_write().map_err(|e| werr(db::any(e)))?;

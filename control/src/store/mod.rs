@@ -86,9 +86,7 @@ impl From<StorageError<NodeId>> for StoreError {
 pub struct Store {
     db: Arc<redb::Database>,
     log_db: Arc<redb::Database>,
-    changes: Arc<std::sync::Mutex<state::Changes>>,
-    /// Entries applied since the state file was last fsynced (see `state::SYNC_EVERY`).
-    unsynced: Arc<std::sync::atomic::AtomicU64>,
+    shared: Arc<state::Shared>,
 }
 
 impl Store {
@@ -104,8 +102,7 @@ impl Store {
         Ok(Self {
             db: Arc::new(db),
             log_db: Arc::new(log_db),
-            changes: Arc::new(std::sync::Mutex::new(changes)),
-            unsynced: Arc::default(),
+            shared: Arc::new(state::Shared::new(changes)),
         })
     }
 
@@ -116,12 +113,12 @@ impl Store {
 
     /// The log store to hand to `Raft::new`.
     pub fn log_store(&self) -> LogStore {
-        LogStore::new(self.log_db.clone(), None)
+        LogStore::new(self.log_db.clone(), self.db.clone(), self.shared.clone(), None)
     }
 
     /// The state machine to hand to `Raft::new` (clones read the same file).
     pub fn state_machine(&self) -> StateMachineStore {
-        StateMachineStore::new(self.db.clone(), self.changes.clone(), self.unsynced.clone(), None)
+        StateMachineStore::new(self.db.clone(), self.shared.clone(), None)
     }
 }
 
@@ -196,8 +193,8 @@ impl Node {
         N: RaftNetworkFactory<TypeConfig>,
     {
         let lease = Arc::new(());
-        let log = LogStore::new(store.log_db.clone(), Some(lease.clone()));
-        let sm = StateMachineStore::new(store.db.clone(), store.changes.clone(), store.unsynced.clone(), Some(lease.clone()));
+        let log = LogStore::new(store.log_db.clone(), store.db.clone(), store.shared.clone(), Some(lease.clone()));
+        let sm = StateMachineStore::new(store.db.clone(), store.shared.clone(), Some(lease.clone()));
         let weak = Arc::downgrade(&lease);
         drop(lease);
         let raft = ConfigRaft::new(id, Arc::new(config), network, log, sm)

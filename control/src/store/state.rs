@@ -56,15 +56,37 @@ pub struct Changes {
 /// only at a synced one, so this bounds the file's growth between syncs too.
 pub const SYNC_EVERY: u64 = 1024;
 
+/// What the handles of one store share.
+#[derive(Default)]
+pub(crate) struct Shared {
+    /// Locked across each apply's commit, so a reader of (`last_applied`, changes) under the
+    /// lock sees a consistent pair.
+    pub(crate) changes: std::sync::Mutex<Changes>,
+    /// Entries applied since the last fsynced commit.
+    pub(crate) unsynced: AtomicU64,
+    /// When this node began receiving a snapshot it has not installed yet: the log store
+    /// waits for that install before it purges (see `LogStore::purge`).
+    pub(crate) receiving: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Shared {
+    pub(crate) fn new(changes: Changes) -> Self {
+        Self { changes: std::sync::Mutex::new(changes), ..Default::default() }
+    }
+
+    /// Whether a snapshot began arriving less than `within` ago and is not installed yet.
+    pub(crate) fn receiving_within(&self, within: std::time::Duration) -> bool {
+        let r = self.receiving.lock().unwrap_or_else(|e| e.into_inner());
+        r.is_some_and(|since| since.elapsed() < within)
+    }
+}
+
 /// State-machine handle; clones share the same file (the store keeps one for reads).
 #[derive(Clone)]
 pub struct StateMachineStore {
     db: Arc<redb::Database>,
-    /// Shared by every handle of one store. Locked across each apply's commit, so a reader of
-    /// (`last_applied`, changes) under the lock sees a consistent pair.
-    changes: Arc<std::sync::Mutex<Changes>>,
-    /// Entries applied since the last fsynced commit, shared by every handle of one store.
-    unsynced: Arc<AtomicU64>,
+    /// Shared by every handle of one store (and its log store).
+    shared: Arc<Shared>,
     /// Held by every copy openraft owns, so `Node::shutdown` can wait until they are gone.
     _lease: Option<Arc<()>>,
 }
@@ -80,18 +102,16 @@ fn sm_write<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> {
 impl StateMachineStore {
     pub(crate) fn new(
         db: Arc<redb::Database>,
-        changes: Arc<std::sync::Mutex<Changes>>,
-        unsynced: Arc<AtomicU64>,
+        shared: Arc<Shared>,
         lease: Option<Arc<()>>,
     ) -> Self {
-        Self { db, changes, unsynced, _lease: lease }
+        Self { db, shared, _lease: lease }
     }
 
     /// Makes every applied entry durable (an empty fsynced commit carries the unsynced ones).
     pub fn sync(&self) -> Result<(), StorageError<NodeId>> {
-        let tx = self.db.begin_write().map_err(sm_write)?;
-        tx.commit().map_err(sm_write)?;
-        self.unsynced.store(0, Ordering::Relaxed);
+        db::sync_state(&self.db).map_err(sm_write)?;
+        self.shared.unsynced.store(0, Ordering::Relaxed);
         Ok(())
     }
 
@@ -99,7 +119,7 @@ impl StateMachineStore {
     /// call says "everything"). A consumer that mirrors the state reads these keys again
     /// instead of the whole state: values read afterwards are at least this new.
     pub fn take_changes(&self) -> Result<(u64, Changes), StorageError<NodeId>> {
-        let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut changes = self.shared.changes.lock().unwrap_or_else(|e| e.into_inner());
         let applied = self.last_applied_index()?;
         Ok((applied, std::mem::take(&mut *changes)))
     }
@@ -466,7 +486,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // `last_applied` commits in this same transaction, so after a crash the state and
         // `last_applied` roll back together and openraft re-applies from the log. Every
         // `SYNC_EVERY` entries one apply is fsynced, which also persists the ones before it.
-        let unsynced = self.unsynced.fetch_add(entries.len() as u64, Ordering::Relaxed) + entries.len() as u64;
+        let unsynced = self.shared.unsynced.fetch_add(entries.len() as u64, Ordering::Relaxed) + entries.len() as u64;
         let sync = unsynced >= SYNC_EVERY;
         if !sync {
             tx.set_durability(redb::Durability::None).map_err(sm_write)?;
@@ -509,10 +529,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         if let Some(m) = membership {
             put_meta(&tx, KEY_MEMBERSHIP, &m)?;
         }
-        let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut changes = self.shared.changes.lock().unwrap_or_else(|e| e.into_inner());
         tx.commit().map_err(sm_write)?;
         if sync {
-            self.unsynced.store(0, Ordering::Relaxed);
+            self.shared.unsynced.store(0, Ordering::Relaxed);
         }
         changes.keys.extend(touched);
         Ok(out)
@@ -525,6 +545,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn begin_receiving_snapshot(
         &mut self,
     ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        *self.shared.receiving.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
@@ -554,9 +575,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         put_meta(&tx, KEY_LAST_APPLIED, &meta.last_log_id)?;
         put_meta(&tx, KEY_MEMBERSHIP, &meta.last_membership)?;
         put_snapshot(&tx, meta, &data)?;
-        let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut changes = self.shared.changes.lock().unwrap_or_else(|e| e.into_inner());
         tx.commit().map_err(sm_write)?;
         changes.everything = true;
+        *self.shared.receiving.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
     }
 

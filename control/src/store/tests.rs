@@ -518,7 +518,7 @@ async fn applied_entries_are_synced_in_rounds() {
     let node = Node::start_single(1, Member::default(), &store, raft_config(100_000, 0).unwrap())
         .await
         .unwrap();
-    let unsynced = || store.unsynced.load(std::sync::atomic::Ordering::Relaxed);
+    let unsynced = || store.shared.unsynced.load(std::sync::atomic::Ordering::Relaxed);
     let mut peak = 0;
     for i in 0..state::SYNC_EVERY + 10 {
         node.write(put("endpoint", &format!("e{i}"), "1", None)).await.unwrap();
@@ -564,4 +564,34 @@ async fn a_log_purged_past_the_state_is_refused() {
     std::fs::remove_file(&path).unwrap();
     let err = Store::open(&path).err().expect("refused").to_string();
     assert!(err.contains("s.redb") && err.contains("purged"), "{err}");
+}
+
+/// openraft tells a follower to purge up to a snapshot as soon as its install is queued, while
+/// the state machine may still be writing it. The purge waits for that install, so a crash in
+/// between never leaves entries in neither file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_waits_for_the_snapshot_being_installed() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Store::open(dir.path().join("src.redb")).unwrap();
+    let node = Node::start_single(1, Member::default(), &src, raft_config(100_000, 0).unwrap()).await.unwrap();
+    for i in 0..5 {
+        node.write(put("variant", &format!("v{i}"), "1", None)).await.unwrap();
+    }
+    node.shutdown().await.unwrap();
+    let snap = src.state_machine().get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let upto = snap.meta.last_log_id.expect("snapshot id");
+
+    let dst = Store::open(dir.path().join("dst.redb")).unwrap();
+    let mut sm = dst.state_machine();
+    sm.begin_receiving_snapshot().await.unwrap();
+    let mut log = dst.log_store();
+    let purge = tokio::spawn(async move {
+        log.purge(upto).await.unwrap();
+        log.get_log_state().await.unwrap().last_purged_log_id
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!purge.is_finished(), "the purge waits while the snapshot is not installed");
+    sm.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+    assert_eq!(purge.await.unwrap(), Some(upto));
+    assert_eq!(sm.applied_state().await.unwrap().0, Some(upto));
 }
