@@ -290,14 +290,7 @@ pub fn replay(trace: &Trace, cfg: &SimConfig, policy: &mut dyn Policy) -> Outcom
         let serving = fleet.run_bin(t0, dt, spot_price);
         let rate = serving * cfg.capacity_rps;
         let total = backlog + arrived;
-        let after = total - total.min(rate * dt);
-        let delay = if backlog + after <= 1e-9 {
-            0.0
-        } else if rate > 0.0 {
-            (backlog + after) / 2.0 / rate
-        } else {
-            f64::INFINITY
-        };
+        let (delay, after) = queue_bin(backlog, arrived, rate, dt);
         backlog = after;
         if fleet.eval {
             bins += 1;
@@ -387,6 +380,22 @@ pub fn replay(trace: &Trace, cfg: &SimConfig, policy: &mut dyn Policy) -> Outcom
     out.batch = batch.map(|b| b.1);
     score_forecasts(trace, cfg, &forecasts, &mut out);
     out
+}
+
+/// One bin of the fluid queue: `backlog` waiting at its start, `arrived` during it, served at
+/// `rate` req/s for `dt` s. Returns (queueing delay: the mean backlog over the service rate,
+/// backlog at its end).
+pub fn queue_bin(backlog: f64, arrived: f64, rate: f64, dt: f64) -> (f64, f64) {
+    let total = backlog + arrived;
+    let after = total - total.min(rate * dt);
+    let delay = if backlog + after <= 1e-9 {
+        0.0
+    } else if rate > 0.0 {
+        (backlog + after) / 2.0 / rate
+    } else {
+        f64::INFINITY
+    };
+    (delay, after)
 }
 
 /// The budget's cut of the target (`split`) and of the batch variant: (split, batch replicas,

@@ -15,6 +15,7 @@ use anyhow::Result;
 use clap::Parser;
 use serde_json::{Map, Value, json};
 
+use weft_bench::autoscale::oracle::{self, Clairvoyant, Foresight};
 use weft_bench::autoscale::sim::{self, BudgetSetup, Outcome, SimConfig, SpotSetup};
 use weft_bench::autoscale::trace::{self, Trace};
 use weft_bench::sched::plot::{self, Panel, Series};
@@ -407,6 +408,8 @@ fn run(args: &Args) -> Result<bool> {
         "hybrid": {"confirmed": halves(hybrid), "vs_reactive": ratios(hybrid)},
     });
 
+    let controls = clairvoyant_controls(&main, &week, reactive, args.quick);
+
     // The burst scenario.
     let burst_paths: Vec<PathBuf> = if !args.bursts.is_empty() {
         args.bursts.clone()
@@ -487,6 +490,7 @@ fn run(args: &Args) -> Result<bool> {
                     "limited_decisions": budget.limited_decisions},
         "claim_50pct": claim,
         "targets": checks,
+        "clairvoyant": controls,
         "bursts": Value::Object(bursts),
     });
     write_json(&out, &doc)?;
@@ -503,6 +507,128 @@ fn run(args: &Args) -> Result<bool> {
     )?;
     println!("wrote {} and {}", out.display(), svg_path.display());
     Ok(args.quick || checks.iter().all(|c| c["pass"] == json!(true)))
+}
+
+/// Minutes on either side of the two-sided smoother that estimates the trace's minute noise.
+const NEIGHBOURS: usize = 3;
+
+/// The clairvoyant controls on the main trace (`oracle`): for each, a sweep of its sizing knobs
+/// and the cheapest point that matches the reactive baseline's attainment (and reaches 99%).
+fn clairvoyant_controls(s: &Scenario, week: &Trace, reactive: &Outcome, quick: bool) -> Value {
+    let utils: &[f64] = if quick {
+        &[0.9, 1.0]
+    } else {
+        &[0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2]
+    };
+    let zs: &[f64] = if quick {
+        &[1.0]
+    } else {
+        &[0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    };
+    let run = |foresight: Foresight, util: f64| {
+        let mut policy = Clairvoyant::new(week, foresight, s.variant.clone(), s.sim.lead_s, util);
+        let mut cfg = s.sim.clone();
+        cfg.spot = None;
+        sim::replay(week, &cfg, &mut policy)
+    };
+    let point = |knobs: Value, o: &Outcome| {
+        json!({"knobs": knobs, "slo_attainment": o.slo_attainment, "gpu_hours": o.gpu_hours,
+               "vs_reactive_gpu_hours": o.gpu_hours / reactive.gpu_hours,
+               "scale_events": o.scale_events, "cold_starts": o.cold_starts})
+    };
+    let cheapest = |points: &[Value], at_least: f64| {
+        points
+            .iter()
+            .filter(|p| p["slo_attainment"].as_f64().unwrap_or(0.0) >= at_least)
+            .min_by(|a, b| {
+                let g = |v: &Value| v["gpu_hours"].as_f64().unwrap_or(f64::INFINITY);
+                g(a).total_cmp(&g(b))
+            })
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let errors: &[f64] = if quick {
+        &[0.0, 0.05]
+    } else {
+        &[0.0, 0.025, 0.05, 0.0625, 0.075, 0.09, 0.1]
+    };
+    let section = |points: Vec<Value>| {
+        json!({"cheapest_matching_reactive": cheapest(&points, reactive.slo_attainment),
+               "cheapest_at_99": cheapest(&points, 0.99), "sweep": points})
+    };
+    let mut minutes = Vec::new();
+    for &error in errors {
+        let mut points = Vec::new();
+        let mut smape = None;
+        for &util in utils {
+            for &z in zs {
+                let foresight = Foresight::Minutes {
+                    bucket_s: BUCKET_S,
+                    z,
+                    error,
+                    seed: s.args.seed,
+                };
+                smape = oracle::planned_rates(week, foresight).1;
+                let o = run(foresight, util);
+                points.push(point(json!({"utilization": util, "z": z}), &o));
+            }
+        }
+        let mut level = section(points);
+        level["forecast_error"] = json!(error);
+        level["smape"] = json!(smape);
+        minutes.push(level);
+    }
+    let bins: Vec<Value> = utils
+        .iter()
+        .map(|&util| point(json!({"utilization": util}), &run(Foresight::Bins, util)))
+        .collect();
+    let floor = oracle::free_boot_floor(
+        week,
+        s.sim.capacity_rps,
+        s.sim.slo_s,
+        s.variant.min_replicas,
+        s.sim.eval_from_s,
+    );
+    let noise = oracle::neighbour_smape(week, BUCKET_S, s.sim.eval_from_s, NEIGHBOURS);
+    let doc = json!({
+        "reactive_slo_attainment": reactive.slo_attainment,
+        "neighbour_smape": {"minutes_each_side": NEIGHBOURS, "smape": noise},
+        "minute_foresight": minutes,
+        "bin_foresight": section(bins),
+        "free_boot_floor": {"gpu_hours": floor, "vs_reactive_gpu_hours": floor / reactive.gpu_hours,
+                            "slo_attainment": 1.0},
+    });
+    println!("clairvoyant controls (GPU-hours vs reactive at matching attainment / at 99%):");
+    let show = |name: String, v: &Value| {
+        let one = |p: &Value| match p["vs_reactive_gpu_hours"].as_f64() {
+            Some(r) => format!(
+                "{r:.3}x ({:.3}%, {})",
+                100.0 * p["slo_attainment"].as_f64().unwrap_or(0.0),
+                p["knobs"]
+            ),
+            None => "none".into(),
+        };
+        println!(
+            "  {name:<30} {}  /  {}",
+            one(&v["cheapest_matching_reactive"]),
+            one(&v["cheapest_at_99"])
+        );
+    };
+    for level in doc["minute_foresight"].as_array().into_iter().flatten() {
+        let name = format!(
+            "minutes, error {:.3} (sMAPE {:.1}%)",
+            level["forecast_error"].as_f64().unwrap_or(0.0),
+            level["smape"].as_f64().unwrap_or(0.0)
+        );
+        show(name, level);
+    }
+    show("bins".into(), &doc["bin_foresight"]);
+    println!("  {:<30} {:.3}x (every bin in SLO)", "free boots, bins", floor / reactive.gpu_hours);
+    println!(
+        "  sMAPE of each minute vs the mean of its {NEIGHBOURS} neighbours each side (a two-sided smoother): {:.1}%",
+        noise.unwrap_or(f64::NAN)
+    );
+    doc
 }
 
 fn check(target: &str, pass: bool, value: f64) -> Value {
