@@ -158,12 +158,7 @@ pub fn free_boot_floor(
 /// the past, so no forecaster one lead time ahead should beat it by much: it estimates how much
 /// of a minute's demand is noise around the local level.
 pub fn neighbour_smape(trace: &Trace, bucket_s: f64, from_s: f64, w: usize) -> Option<f64> {
-    let per = (bucket_s / trace.bin_s).round().max(1.0) as usize;
-    let means: Vec<f64> = trace
-        .counts
-        .chunks(per)
-        .map(|c| c.iter().sum::<f64>() / (c.len() as f64 * trace.bin_s))
-        .collect();
+    let means = trace.bucket_means(bucket_s);
     let first = (from_s / bucket_s).ceil() as usize;
     let (mut actual, mut smoothed) = (vec![], vec![]);
     for k in first..means.len() {

@@ -460,12 +460,7 @@ fn score_forecasts(
     forecasts: &BTreeMap<i64, (f64, u32)>,
     out: &mut Outcome,
 ) {
-    let per = (cfg.forecast_bucket_s / trace.bin_s).round().max(1.0) as usize;
-    let actual: Vec<f64> = trace
-        .counts
-        .chunks(per)
-        .map(|c| c.iter().sum::<f64>() / (c.len() as f64 * trace.bin_s))
-        .collect();
+    let actual = trace.bucket_means(cfg.forecast_bucket_s);
     let first = (cfg.eval_from_s / cfg.forecast_bucket_s).ceil() as usize;
     let lag = (cfg.lead_s / cfg.forecast_bucket_s).ceil() as usize;
     let (mut a, mut f, mut p, mut pa) = (vec![], vec![], vec![], vec![]);

@@ -30,6 +30,16 @@ impl Trace {
     pub fn duration_s(&self) -> f64 {
         self.counts.len() as f64 * self.bin_s
     }
+
+    /// Mean arrival rate (req/s) per bucket of `bucket_s` (a whole number of bins; the last
+    /// bucket may be shorter).
+    pub fn bucket_means(&self, bucket_s: f64) -> Vec<f64> {
+        let per = (bucket_s / self.bin_s).round().max(1.0) as usize;
+        self.counts
+            .chunks(per)
+            .map(|c| c.iter().sum::<f64>() / (c.len() as f64 * self.bin_s))
+            .collect()
+    }
 }
 
 /// Reads a `time,requests` trace (bins of equal width, inferred from the first two rows;

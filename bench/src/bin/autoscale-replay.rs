@@ -245,12 +245,9 @@ fn variant(args: &Args, capacity_rps: f64) -> VariantConfig {
 
 /// 60 s bucket means of the first `days` of `trace`.
 fn buckets(trace: &Trace, days: f64) -> Vec<f64> {
-    let per = (BUCKET_S / trace.bin_s).round().max(1.0) as usize;
-    let n = ((days * DAY_S / trace.bin_s) as usize).min(trace.counts.len());
-    trace.counts[..n]
-        .chunks(per)
-        .map(|c| c.iter().sum::<f64>() / (c.len() as f64 * trace.bin_s))
-        .collect()
+    trace
+        .head((days * DAY_S / trace.bin_s) as usize)
+        .bucket_means(BUCKET_S)
 }
 
 fn metrics(o: &Outcome) -> Value {
@@ -558,18 +555,18 @@ fn clairvoyant_controls(s: &Scenario, week: &Trace, reactive: &Outcome, quick: b
     };
     let mut minutes = Vec::new();
     for &error in errors {
+        let foresight = |z| Foresight::Minutes {
+            bucket_s: BUCKET_S,
+            z,
+            error,
+            seed: s.args.seed,
+        };
+        // The same seed draws the same forecast means for every z and utilization.
+        let smape = oracle::planned_rates(week, foresight(0.0)).1;
         let mut points = Vec::new();
-        let mut smape = None;
         for &util in utils {
             for &z in zs {
-                let foresight = Foresight::Minutes {
-                    bucket_s: BUCKET_S,
-                    z,
-                    error,
-                    seed: s.args.seed,
-                };
-                smape = oracle::planned_rates(week, foresight).1;
-                let o = run(foresight, util);
+                let o = run(foresight(z), util);
                 points.push(point(json!({"utilization": util, "z": z}), &o));
             }
         }
