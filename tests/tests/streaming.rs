@@ -81,6 +81,40 @@ async fn large_upload_streams_through() {
     assert_eq!(resp.headers()["x-body-len"], (32 * 1024 * 1024).to_string());
 }
 
+/// HTTP/2 on both sides, with the connections going idle in the middle of each body and
+/// between requests. The vendored h2 (vendor/README.md) gives a connection's read and write
+/// buffers back whenever it waits; every byte must still arrive, in order, on reused
+/// connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_bodies_survive_idle_gaps_byte_for_byte() {
+    let up = Upstream::start("sink").await;
+    let p = start_proxy(&single(up.addr, "http2"));
+    let c = h2_client();
+    // 1 MiB (what /echo sends back), in 16 KiB chunks of a pattern that shifts with the offset.
+    let sent: Vec<u8> = (0..1usize << 20).map(|i| (i * 31 % 251) as u8).collect();
+    for round in 0..3 {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>(2);
+        let chunks: Vec<Bytes> = sent.chunks(16 * 1024).map(Bytes::copy_from_slice).collect();
+        tokio::spawn(async move {
+            for (i, chunk) in chunks.into_iter().enumerate() {
+                if i % 16 == 15 {
+                    tokio::time::sleep(Duration::from_millis(30)).await; // both hops go idle
+                }
+                tx.send(Ok(hyper::body::Frame::data(chunk))).await.unwrap();
+            }
+        });
+        let body = http_body_util::combinators::BoxBody::new(http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)));
+        let req = http::Request::post(format!("http://{}/echo", p.listener_addrs[0])).header("host", "sink").body(body).unwrap();
+        let resp = c.request(req).await.unwrap();
+        assert_eq!(resp.status(), 200, "round {round}");
+        assert_eq!(resp.version(), http::Version::HTTP_2);
+        let got = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(got.len(), sent.len(), "round {round}: echoed length");
+        assert!(got[..] == sent[..], "round {round}: the echoed bytes differ from the upload");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_downstream_to_http1_upstream() {
     let up = Upstream::start("a").await;

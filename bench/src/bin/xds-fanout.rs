@@ -62,6 +62,10 @@ struct Args {
     /// process: no Raft, no REST API) instead of weft-control, for comparison.
     #[arg(long)]
     stand_in: bool,
+    /// Use this weft-control binary instead of building target/release/weft-control (to
+    /// compare two builds on the same machine; the JSON records its `--version`).
+    #[arg(long, conflicts_with = "stand_in")]
+    weft_control: Option<PathBuf>,
     /// Where to write the JSON results [default: bench/results/xds-fanout.json; quick:
     /// bench/results/tmp/xds-fanout.json, git-ignored so CI runs leave the tree clean].
     #[arg(long)]
@@ -102,7 +106,7 @@ fn main() -> ExitCode {
     }
     let needed = plan.sizes.iter().copied().max().unwrap_or(0) as u64 + FD_SLACK;
     match ensure_open_files(needed) {
-        Ok(None) => exit_on(run(&plan, args.out.clone())),
+        Ok(None) => exit_on(run(&plan, &args)),
         Ok(Some(code)) => code,
         Err(e) => exit_on(Err(e)),
     }
@@ -233,7 +237,7 @@ impl Run {
     }
 }
 
-fn run(plan: &Plan, out: Option<PathBuf>) -> Result<()> {
+fn run(plan: &Plan, args: &Args) -> Result<()> {
     // weft-control runs in its own process group: stop it if the bench is interrupted.
     guard::stop_children_on_signal()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -241,10 +245,11 @@ fn run(plan: &Plan, out: Option<PathBuf>) -> Result<()> {
         .build()?;
     // Built (or found up to date) once, before anything is timed.
     let weft_control = match plan.control {
-        Control::Weft => Some(
-            workspace::release_bin("weft-control", "weft-control")
+        Control::Weft => Some(match &args.weft_control {
+            Some(bin) => bin.clone(),
+            None => workspace::release_bin("weft-control", "weft-control")
                 .context("building weft-control")?,
-        ),
+        }),
         Control::StandIn => None,
     };
     let mut runs = Vec::new();
@@ -276,6 +281,7 @@ fn run(plan: &Plan, out: Option<PathBuf>) -> Result<()> {
             "debounce_ms": plan.debounce.as_millis() as u64,
             "control_node": plan.control.name(),
             "control_node_setup": plan.control.description(),
+            "control_node_binary": weft_control.as_deref().map(|bin| bin.display().to_string()),
             "control_node_version": weft_control
                 .as_deref()
                 .and_then(|bin| install::version_line(bin, &["--version"])),
@@ -286,7 +292,7 @@ fn run(plan: &Plan, out: Option<PathBuf>) -> Result<()> {
         "changes": runs.iter().map(|r| (r.key(), r.changes_json())).collect::<Map<_, _>>(),
         "notes": NOTES.iter().chain([&plan.control.change_note()]).collect::<Vec<_>>(),
     });
-    let out = out.unwrap_or_else(|| default_out(plan.quick));
+    let out = args.out.clone().unwrap_or_else(|| default_out(plan.quick));
     workspace::write_json(&out, &doc)?;
     println!("wrote {}", out.display());
     Ok(())

@@ -18,6 +18,10 @@ use tokio::io::AsyncRead;
 use tokio_util::codec::FramedRead as InnerFramedRead;
 use tokio_util::codec::{LengthDelimitedCodec, LengthDelimitedCodecError};
 
+/// weft patch: the read buffer's capacity when it is (re)allocated; tokio-util's
+/// `FramedRead` starts with the same 8 KiB.
+const READ_BUFFER_CAPACITY: usize = 8 * 1024;
+
 // 16 MB "sane default" taken from golang http2
 const DEFAULT_SETTINGS_MAX_HEADER_LIST_SIZE: usize = 16 << 20;
 
@@ -421,7 +425,17 @@ where
         let _e = span.enter();
         loop {
             tracing::trace!("poll");
-            let bytes = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
+            // weft patch: the read buffer is given back while the connection waits for
+            // data (below), so an idle connection holds no 8 KiB buffer; allocate it again
+            // before reading, with tokio-util's own initial capacity. See vendor/README.md.
+            if self.inner.read_buffer().capacity() == 0 {
+                self.inner.read_buffer_mut().reserve(READ_BUFFER_CAPACITY);
+            }
+            let polled = Pin::new(&mut self.inner).poll_next(cx);
+            if polled.is_pending() && self.inner.read_buffer().is_empty() {
+                *self.inner.read_buffer_mut() = BytesMut::new();
+            }
+            let bytes = match ready!(polled) {
                 Some(Ok(bytes)) => bytes,
                 Some(Err(e)) => return Poll::Ready(Some(Err(map_err(e)))),
                 None => return Poll::Ready(None),

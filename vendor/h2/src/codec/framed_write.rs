@@ -173,6 +173,12 @@ where
         // Flush the upstream
         ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
 
+        // weft patch: everything is on the wire, so give the write buffer back. A
+        // connection that is idle most of the time (an xDS stream waiting for the next
+        // config push) then holds no 16 KiB buffer; `buffer()` allocates it again on the
+        // next frame. See vendor/README.md.
+        self.encoder.release_idle_buffer();
+
         Poll::Ready(Ok(()))
     }
 
@@ -223,6 +229,10 @@ where
     fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
+        // weft patch: the buffer is released while idle (`release_idle_buffer`).
+        if self.buf.get_ref().capacity() == 0 {
+            self.buf.get_mut().reserve(DEFAULT_BUFFER_CAPACITY);
+        }
         let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
         let _e = span.enter();
 
@@ -308,8 +318,18 @@ where
 
     fn has_capacity(&self) -> bool {
         self.next.is_none()
-            && (self.buf.get_ref().capacity() - self.buf.get_ref().len()
-                >= self.min_buffer_capacity)
+            && (self.buf.get_ref().capacity() == 0 // released while idle; `buffer()` re-allocates
+                || self.buf.get_ref().capacity() - self.buf.get_ref().len()
+                    >= self.min_buffer_capacity)
+    }
+
+    /// weft patch: frees the write buffer once everything in it has been written, so an idle
+    /// connection does not hold `DEFAULT_BUFFER_CAPACITY` bytes.
+    fn release_idle_buffer(&mut self) {
+        if self.next.is_none() && !self.buf.has_remaining() && self.buf.get_ref().capacity() > 0 {
+            *self.buf.get_mut() = BytesMut::new();
+            self.buf.set_position(0);
+        }
     }
 
     fn is_empty(&self) -> bool {
