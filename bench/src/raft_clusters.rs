@@ -235,14 +235,22 @@ impl Cluster {
     /// Starts `weft-control` ×3 under `dir`: node 1 with `--init`, then nodes 2 and 3 with
     /// `--join` (one at a time: each join is a membership change), and waits until node 1
     /// lists three voters and a leader is known.
-    pub async fn start_weft(bin: &Path, wrap: &[String], dir: &Path) -> Result<Cluster> {
-        Self::start_weft_nodes(bin, wrap, &[], dir, 3).await
+    /// With `spare_first`, node 1 runs without `wrap` (see raft-write's
+    /// `--fsync-delay-spares-leader`).
+    pub async fn start_weft(
+        bin: &Path,
+        wrap: &[String],
+        spare_first: bool,
+        dir: &Path,
+    ) -> Result<Cluster> {
+        Self::start_weft_nodes(bin, wrap, spare_first, &[], dir, 3).await
     }
 
     /// [`Cluster::start_weft`] with `nodes` nodes, each also given `args`.
     pub async fn start_weft_nodes(
         bin: &Path,
         wrap: &[String],
+        spare_first: bool,
         args: &[String],
         dir: &Path,
         nodes: usize,
@@ -259,7 +267,7 @@ impl Cluster {
             let id = i + 1;
             let data = dir.join(format!("weft-{id}"));
             let log = dir.join(format!("weft-{id}.log"));
-            let mut cmd = command(bin, wrap);
+            let mut cmd = command(bin, if spare_first && id == 1 { &[] } else { wrap });
             cmd.args(["--id", &id.to_string()])
                 .args(["--listen", &api.to_string()])
                 .args(["--xds-listen", &xds.to_string()])

@@ -53,6 +53,12 @@ struct Args {
     /// each sample of the fdatasync test. Results go under bench/results/tmp/ unless --out.
     #[arg(long)]
     fsync_delay_ms: Option<f64>,
+    /// With --fsync-delay-ms: weft's node 1, which initializes the cluster and leads it,
+    /// runs without the delay (the followers and etcd keep it). The leader's own fsync then
+    /// costs next to nothing, which bounds from above what replicating before the leader's
+    /// flush could gain (docs/openraft-leader-append.md). The run stops if node 1 does not lead.
+    #[arg(long, requires = "fsync_delay_ms")]
+    fsync_delay_spares_leader: bool,
     /// Use this weft-control binary instead of building target/release/weft-control.
     #[arg(long)]
     weft_control: Option<PathBuf>,
@@ -73,6 +79,8 @@ struct Plan {
     fsync_iterations: usize,
     /// Emulated extra fsync latency (zero: the disk as it is).
     fsync_delay: Duration,
+    /// weft's leader (node 1) runs without the emulated delay.
+    spare_leader: bool,
 }
 
 /// One measured configuration in one repeat.
@@ -313,9 +321,15 @@ async fn measure_system(
 ) -> Result<Vec<Sample>> {
     let started = Instant::now();
     let mut cluster = match system {
-        System::Weft => Cluster::start_weft(bin, wrap, dir).await?,
+        System::Weft => Cluster::start_weft(bin, wrap, plan.spare_leader, dir).await?,
         System::Etcd => Cluster::start_etcd(bin, wrap, dir).await?,
     };
+    if plan.spare_leader && system == System::Weft && cluster.leader != 0 {
+        bail!(
+            "--fsync-delay-spares-leader: node 1 runs without the delay, but {} leads",
+            cluster.members[cluster.leader].name
+        );
+    }
     eprintln!(
         "{}: 3 nodes up in {:.1} s, leader {}",
         system.name(),
@@ -857,6 +871,7 @@ fn plan(args: &Args) -> Result<Plan> {
             Some(ms) if ms.is_finite() && ms >= 0.0 => Duration::from_secs_f64(ms / 1e3),
             Some(ms) => bail!("--fsync-delay-ms: {ms} is not a delay"),
         },
+        spare_leader: args.fsync_delay_spares_leader,
         fsync_iterations: args
             .fsync_iterations
             .unwrap_or(if args.quick { 50 } else { 200 })
@@ -875,6 +890,7 @@ fn settings(plan: &Plan, quick: bool) -> Value {
         "via_follower": plan.via_follower,
         "fsync_iterations": plan.fsync_iterations,
         "fsync_delay_ms": plan.fsync_delay.as_secs_f64() * 1e3,
+        "fsync_delay_spares_leader": plan.spare_leader,
         "weft": "3 × weft-control (openraft 0.9, redb, fsync per commit), defaults: heartbeat 100 ms, election 300–600 ms",
         "etcd": "3 × etcd (Debian etcd-server), defaults: heartbeat 100 ms, election 1000 ms, --logger zap",
     })

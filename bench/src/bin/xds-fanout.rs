@@ -497,7 +497,7 @@ impl WeftControl {
             debounce.as_millis().to_string(),
         ];
         let node = rt
-            .block_on(Cluster::start_weft_nodes(bin, &[], &args, dir.path(), 1))
+            .block_on(Cluster::start_weft_nodes(bin, &[], false, &args, dir.path(), 1))
             .context("starting weft-control")?;
         let (_, members) = rt.block_on(request_json(
             node.leader_api(),
