@@ -64,7 +64,7 @@ impl Target {
             Target::Weft => match std::env::var_os("WEFT_PROXY_BIN") {
                 Some(p) if Path::new(&p).is_file() => Ok(Some(PathBuf::from(p))),
                 Some(p) => bail!("WEFT_PROXY_BIN={}: no such file", Path::new(&p).display()),
-                None => crate::workspace::release_bin("weft-proxy", "weft-proxy").map(Some),
+                None => crate::workspace::release_bin("weft-proxy").map(Some),
             },
             Target::Envoy => install::ensure_envoy().map(Some),
             Target::Nginx => install::ensure_apt("nginx", "nginx-light").map(Some),

@@ -8,13 +8,13 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-/// Builds `target/release/BIN` of `package` from this workspace and returns its path.
+/// Builds `target/release/BIN` of this workspace and returns its path.
 ///
 /// It builds every binary of the workspace in one go, with the features unified across the
 /// workspace. A `-p PACKAGE` build resolves the shared dependencies' features differently and
 /// would compile them once more. One build then serves every bench, and `.ci/run`, which builds
 /// the same way first, pays for one release build instead of one per package.
-pub fn release_bin(package: &str, bin: &str) -> Result<PathBuf> {
+pub fn release_bin(bin: &str) -> Result<PathBuf> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("workspace root")?;
@@ -25,7 +25,7 @@ pub fn release_bin(package: &str, bin: &str) -> Result<PathBuf> {
         .status()
         .context("running cargo build")?;
     if !status.success() {
-        bail!("cargo build --release --workspace --bins (for {package}'s {bin}) failed ({status})");
+        bail!("cargo build --release --workspace --bins (for {bin}) failed ({status})");
     }
     let target_dir =
         std::env::var("CARGO_TARGET_DIR").map_or_else(|_| workspace.join("target"), PathBuf::from);

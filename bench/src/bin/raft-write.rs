@@ -141,7 +141,7 @@ fn run(args: &Args) -> Result<bool> {
         let found = match system {
             System::Weft => match &args.weft_control {
                 Some(bin) => Ok(bin.clone()),
-                None => workspace::release_bin("weft-control", "weft-control"),
+                None => workspace::release_bin("weft-control"),
             },
             System::Etcd => install::ensure_apt("etcd", "etcd-server"),
         };

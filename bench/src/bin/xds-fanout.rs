@@ -247,7 +247,7 @@ fn run(plan: &Plan, args: &Args) -> Result<()> {
     let weft_control = match plan.control {
         Control::Weft => Some(match &args.weft_control {
             Some(bin) => bin.clone(),
-            None => workspace::release_bin("weft-control", "weft-control")
+            None => workspace::release_bin("weft-control")
                 .context("building weft-control")?,
         }),
         Control::StandIn => None,
