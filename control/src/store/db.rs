@@ -272,26 +272,3 @@ pub(crate) fn read_meta<T: DeserializeOwned>(
         None => Ok(None),
     }
 }
-
-/// Writes one JSON value to a `&str`-keyed metadata table in its own transaction; `durable`
-/// chooses between an fsynced commit and redb's `Durability::None` (persisted by the next
-/// durable commit), for values that may be lost in a crash.
-pub(crate) fn write_meta<T: Serialize>(
-    db: &redb::Database,
-    table: TableDefinition<&str, &[u8]>,
-    key: &str,
-    value: &T,
-    durable: bool,
-) -> Result<(), StorageError<NodeId>> {
-    let bytes = to_json(value).map_err(write_err)?;
-    let mut tx = db.begin_write().map_err(write_err)?;
-    if !durable {
-        tx.set_durability(redb::Durability::None)
-            .map_err(write_err)?;
-    }
-    {
-        let mut t = tx.open_table(table).map_err(write_err)?;
-        t.insert(key, bytes.as_slice()).map_err(write_err)?;
-    }
-    tx.commit().map_err(write_err)
-}

@@ -1,14 +1,21 @@
 //! `RaftLogStorage` on redb: the log, the vote, and the committed/purged ids.
 //!
-//! Each append is one fsynced redb transaction, run on Tokio's blocking pool; openraft is told
-//! the entries are durable when it returns. openraft 0.9 waits for each append's flush before it
-//! handles its next message, so several appends are never waiting at once and a log-level
-//! group commit has nothing to group (it used to cost a second transaction per append).
-//! Batching happens above openraft instead (`propose`): one entry per batch of writes.
+//! Every write goes through one ordered writer thread (`log_writer`), which groups queued
+//! appends into one fsynced redb transaction. `append` returns as soon as the entries are
+//! queued and readable (from the in-memory tail), and tells openraft they are durable through
+//! the callback once their transaction has committed. Since the patched openraft replicates a
+//! leader's entries before its own flush (docs/openraft-leader-append.md), the leader's fsync
+//! overlaps the round trip to the followers and their fsyncs, and appends submitted while one
+//! is being flushed share the next transaction. Followers still wait for each flush before
+//! they answer. Batching also happens above openraft (`propose`): one entry per batch of writes.
 //!
 //! A redb commit costs far more CPU than its fsync on a fast disk, so the store keeps their
 //! number down: the committed id (a restart hint openraft may lose) is kept in memory and
 //! written by the next append's transaction rather than in one of its own.
+//!
+//! A node that led before a restart does not resume leadership under its old vote
+//! (`read_vote`): followers may hold entries of that term which never reached its disk, and
+//! a resumed leader would give other entries the same log ids.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -20,15 +27,9 @@ use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageI
 use redb::{ReadableDatabase, ReadableTable};
 
 use super::db::{self, KEY_COMMITTED, KEY_LAST_PURGED, KEY_VOTE, LOG, RAFT_META};
+use super::log_writer::{Append, Committed, Tail, Writer};
 use super::state::Shared;
 use super::types::{NodeId, TypeConfig};
-
-/// The committed id as openraft last reported it, and whether the file has it yet.
-#[derive(Default)]
-struct Committed {
-    id: Option<LogId<NodeId>>,
-    unsaved: bool,
-}
 
 /// The longest a purge waits for a snapshot being installed to reach the state file.
 const INSTALL_WAIT: Duration = Duration::from_secs(30);
@@ -41,6 +42,11 @@ pub struct LogStore {
     state: Arc<redb::Database>,
     shared: Arc<Shared>,
     committed: Arc<Mutex<Committed>>,
+    /// Appended entries not yet durable; the writer removes them once they are.
+    tail: Tail,
+    writer: Writer,
+    /// This node's id, when known: its own committed vote is not resumed after a restart.
+    node_id: Option<NodeId>,
     /// Held by every copy openraft owns, so `Node::shutdown` can wait until they are gone.
     _lease: Option<Arc<()>>,
 }
@@ -50,9 +56,16 @@ impl LogStore {
         db: Arc<redb::Database>,
         state: Arc<redb::Database>,
         shared: Arc<Shared>,
+        node_id: Option<NodeId>,
         lease: Option<Arc<()>>,
     ) -> Self {
-        Self { db, state, shared, committed: Arc::default(), _lease: lease }
+        let committed: Arc<Mutex<Committed>> = Arc::default();
+        let tail: Tail = Arc::default();
+        let durable_end = last_log_id(&db)
+            .map(|l| l.map_or(0, |l| l.index))
+            .map_err(|e| e.to_string());
+        let writer = Writer::start(db.clone(), tail.clone(), committed.clone(), shared.clone(), durable_end, lease.clone());
+        Self { db, state, shared, committed, tail, writer, node_id, _lease: lease }
     }
 
     fn last_purged(&self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
@@ -65,14 +78,43 @@ impl LogStore {
         c.unsaved.then_some(c.id)
     }
 
-    /// Marks `saved` as in the file, unless a newer id arrived meanwhile.
-    fn committed_saved(&self, saved: Option<Option<LogId<NodeId>>>) {
-        if let Some(saved) = saved {
-            let mut c = self.committed.lock().unwrap_or_else(|e| e.into_inner());
-            if c.id == saved {
-                c.unsaved = false;
+    /// Runs a write after every queued append and waits for it.
+    async fn barrier(
+        &self,
+        run: impl FnOnce(&redb::Database) -> Result<(), redb::Error> + Send + 'static,
+        lower_end_to: Option<u64>,
+    ) -> Result<(), StorageError<NodeId>> {
+        self.writer
+            .job(Box::new(run), lower_end_to)
+            .await
+            .map_err(|e| StorageIOError::write_logs(openraft::AnyError::error(e)).into())
+    }
+}
+
+/// The last log id in the file: its last entry, else (all purged) the purged id.
+fn last_log_id(db: &redb::Database) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+    let last = {
+        let tx = db.begin_read().map_err(db::read_err)?;
+        let t = tx.open_table(LOG).map_err(db::read_err)?;
+        match t.last().map_err(db::read_err)? {
+            Some((_k, v)) => {
+                let e: Entry<TypeConfig> = db::from_json(v.value()).map_err(db::read_err)?;
+                Some(e.log_id)
             }
+            None => None,
         }
+    };
+    match last {
+        Some(l) => Ok(Some(l)),
+        None => db::read_meta(db, RAFT_META, KEY_LAST_PURGED),
+    }
+}
+
+fn bound(b: Bound<&u64>) -> Bound<u64> {
+    match b {
+        Bound::Included(s) => Bound::Included(*s),
+        Bound::Excluded(s) => Bound::Excluded(*s),
+        Bound::Unbounded => Bound::Unbounded,
     }
 }
 
@@ -82,23 +124,28 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
         let rerr = |e| -> StorageError<NodeId> { StorageIOError::read_logs(e).into() };
-        let tx = self.db.begin_read().map_err(|e| rerr(db::any(e)))?;
-        let t = tx.open_table(LOG).map_err(|e| rerr(db::any(e)))?;
-        let start = match range.start_bound() {
-            Bound::Included(s) => Bound::Included(*s),
-            Bound::Excluded(s) => Bound::Excluded(*s),
-            Bound::Unbounded => Bound::Unbounded,
+        let (start, end) = (bound(range.start_bound()), bound(range.end_bound()));
+        // The tail first, then the file: the writer drops an entry from the tail only after
+        // its commit, so an entry missing from this copy of the tail is in the file by the
+        // time the read transaction below begins.
+        let mut pending: std::collections::BTreeMap<u64, Entry<TypeConfig>> = {
+            let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+            tail.range((start, end)).map(|(i, e)| (*i, e.clone())).collect()
         };
-        let end = match range.end_bound() {
-            Bound::Included(s) => Bound::Included(*s),
-            Bound::Excluded(s) => Bound::Excluded(*s),
-            Bound::Unbounded => Bound::Unbounded,
+        let file_end = match pending.first_key_value() {
+            Some((first, _)) => Bound::Excluded(*first),
+            None => end,
         };
         let mut out = Vec::new();
-        for item in t.range::<u64>((start, end)).map_err(|e| rerr(db::any(e)))? {
-            let (_k, v) = item.map_err(|e| rerr(db::any(e)))?;
-            out.push(db::from_json(v.value()).map_err(|e| rerr(db::any(e)))?);
+        if !matches!((start, file_end), (Bound::Included(s), Bound::Excluded(e)) if s >= e) {
+            let tx = self.db.begin_read().map_err(|e| rerr(db::any(e)))?;
+            let t = tx.open_table(LOG).map_err(|e| rerr(db::any(e)))?;
+            for item in t.range::<u64>((start, file_end)).map_err(|e| rerr(db::any(e)))? {
+                let (_k, v) = item.map_err(|e| rerr(db::any(e)))?;
+                out.push(db::from_json(v.value()).map_err(|e| rerr(db::any(e)))?);
+            }
         }
+        out.extend(std::mem::take(&mut pending).into_values());
         Ok(out)
     }
 }
@@ -108,19 +155,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
         let last_purged_log_id = self.last_purged()?;
-        let last = {
-            let tx = self.db.begin_read().map_err(db::read_err)?;
-            let t = tx.open_table(LOG).map_err(db::read_err)?;
-            match t.last().map_err(db::read_err)? {
-                Some((_k, v)) => {
-                    let e: Entry<TypeConfig> = db::from_json(v.value()).map_err(db::read_err)?;
-                    Some(e.log_id)
-                }
-                None => None,
-            }
+        let pending = self.tail.lock().unwrap_or_else(|e| e.into_inner()).last_key_value().map(|(_, e)| e.log_id);
+        let last_log_id = match pending {
+            Some(l) => Some(l),
+            None => last_log_id(&self.db)?,
         };
-        // After a purge of everything, the last log id is the purged one.
-        let last_log_id = last.or(last_purged_log_id);
         Ok(LogState {
             last_purged_log_id,
             last_log_id,
@@ -133,11 +172,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
         // Durable: a vote forgotten in a crash could let this node vote twice in one term.
-        db::write_meta(&self.db, RAFT_META, KEY_VOTE, vote, true)
+        // A barrier like every log write, so it cannot overtake a queued append.
+        let bytes = db::to_json(vote).map_err(db::write_err)?;
+        self.barrier(move |db| put_meta(db, KEY_VOTE, &bytes), None).await
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        db::read_meta(&self.db, RAFT_META, KEY_VOTE)
+        let vote: Option<Vote<NodeId>> = db::read_meta(&self.db, RAFT_META, KEY_VOTE)?;
+        // A leader appends its entries without waiting for its own fsync, so followers may
+        // hold entries of its term that a crash took from its disk. Resuming leadership
+        // under the same vote would hand those log ids to other entries, and the followers
+        // would take them as already present. So a node's own committed vote comes back
+        // uncommitted: the node stands for election again, in a higher term, and wins only
+        // with a log as complete as a majority's.
+        Ok(vote.map(|v| match self.node_id {
+            Some(id) if v.is_committed() && v.leader_id().voted_for() == Some(id) => Vote::new(v.leader_id().term, id),
+            _ => v,
+        }))
     }
 
     async fn save_committed(
@@ -171,56 +222,43 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let werr = |e| -> StorageError<NodeId> { StorageIOError::write_logs(e).into() };
         let mut rows = Vec::new();
+        let mut ids = Vec::new();
+        let mut readable = Vec::new();
         for entry in entries {
             rows.push((entry.log_id.index, db::to_json(&entry).map_err(|e| werr(db::any(e)))?));
+            ids.push(entry.log_id);
+            readable.push(entry);
         }
-        let committed = self.committed_to_save();
-        let committed_json = match committed {
-            Some(c) => Some(db::to_json(&c).map_err(|e| werr(db::any(e)))?),
+        let committed = match self.committed_to_save() {
+            Some(c) => Some((c, db::to_json(&c).map_err(|e| werr(db::any(e)))?)),
             None => None,
         };
-        let database = self.db.clone();
-        // The fsync blocks; keep it off the runtime's worker threads.
-        let commit = move || -> Result<(), redb::Error> {
-            let tx = database.begin_write()?;
-            {
-                let mut t = tx.open_table(LOG)?;
-                for (index, bytes) in &rows {
-                    t.insert(*index, bytes.as_slice())?;
-                }
-                if let Some(c) = &committed_json {
-                    tx.open_table(RAFT_META)?.insert(KEY_COMMITTED, c.as_slice())?;
-                }
+        // Readable before this returns (openraft's storage contract), durable when the
+        // callback fires.
+        if let Some(last) = ids.last().map(|l| l.index) {
+            let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+            for entry in readable {
+                tail.insert(entry.log_id.index, entry);
             }
-            tx.commit()?;
-            Ok(())
-        };
-        let result = match tokio::task::spawn_blocking(commit).await {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(e) => Err(format!("log append task failed: {e}")),
-        };
-        match result {
-            Ok(()) => {
-                self.committed_saved(committed);
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.clone())));
-                Err(werr(openraft::AnyError::error(e)))
-            }
+            self.shared.durable.send_if_modified(|d| {
+                d.submitted = d.submitted.max(last);
+                false
+            });
         }
+        self.writer
+            .append(Append { rows, ids, committed, callback })
+            .map_err(|e| werr(openraft::AnyError::error(e)))
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        let werr = |e| -> StorageError<NodeId> { StorageIOError::write_logs(e).into() };
-        let tx = self.db.begin_write().map_err(|e| werr(db::any(e)))?;
-        {
-            let mut t = tx.open_table(LOG).map_err(|e| werr(db::any(e)))?;
-            t.retain_in(log_id.index.., |_, _| false)
-                .map_err(|e| werr(db::any(e)))?;
-        }
-        tx.commit().map_err(|e| werr(db::any(e)))
+        let since = log_id.index;
+        let run = move |db: &redb::Database| -> Result<(), redb::Error> {
+            let tx = db.begin_write()?;
+            tx.open_table(LOG)?.retain_in(since.., |_, _| false)?;
+            tx.commit()?;
+            Ok(())
+        };
+        self.barrier(run, Some(since.saturating_sub(1))).await
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
@@ -240,15 +278,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         db::sync_state(&self.state).map_err(|e| werr(db::any(e)))?;
         let bytes = db::to_json(&log_id).map_err(|e| werr(db::any(e)))?;
         // The purged id and the deletion commit together, so a crash cannot leave a gap.
-        let tx = self.db.begin_write().map_err(|e| werr(db::any(e)))?;
-        {
-            let mut meta = tx.open_table(RAFT_META).map_err(|e| werr(db::any(e)))?;
-            meta.insert(KEY_LAST_PURGED, bytes.as_slice())
-                .map_err(|e| werr(db::any(e)))?;
-            let mut t = tx.open_table(LOG).map_err(|e| werr(db::any(e)))?;
-            t.retain_in(..=log_id.index, |_, _| false)
-                .map_err(|e| werr(db::any(e)))?;
-        }
-        tx.commit().map_err(|e| werr(db::any(e)))
+        let run = move |db: &redb::Database| -> Result<(), redb::Error> {
+            let tx = db.begin_write()?;
+            tx.open_table(RAFT_META)?.insert(KEY_LAST_PURGED, bytes.as_slice())?;
+            tx.open_table(LOG)?.retain_in(..=log_id.index, |_, _| false)?;
+            tx.commit()?;
+            Ok(())
+        };
+        self.barrier(run, None).await
     }
+}
+
+/// Writes one metadata value in its own fsynced transaction (run by the writer).
+fn put_meta(db: &redb::Database, key: &str, bytes: &[u8]) -> Result<(), redb::Error> {
+    let tx = db.begin_write()?;
+    tx.open_table(RAFT_META)?.insert(key, bytes)?;
+    tx.commit()?;
+    Ok(())
 }

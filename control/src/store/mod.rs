@@ -19,6 +19,7 @@
 
 mod db;
 pub mod log;
+mod log_writer;
 pub mod network;
 pub mod propose;
 pub mod state;
@@ -113,7 +114,7 @@ impl Store {
 
     /// The log store to hand to `Raft::new`.
     pub fn log_store(&self) -> LogStore {
-        LogStore::new(self.log_db.clone(), self.db.clone(), self.shared.clone(), None)
+        LogStore::new(self.log_db.clone(), self.db.clone(), self.shared.clone(), None, None)
     }
 
     /// The state machine to hand to `Raft::new` (clones read the same file).
@@ -193,7 +194,7 @@ impl Node {
         N: RaftNetworkFactory<TypeConfig>,
     {
         let lease = Arc::new(());
-        let log = LogStore::new(store.log_db.clone(), store.db.clone(), store.shared.clone(), Some(lease.clone()));
+        let log = LogStore::new(store.log_db.clone(), store.db.clone(), store.shared.clone(), Some(id), Some(lease.clone()));
         let sm = StateMachineStore::new(store.db.clone(), store.shared.clone(), Some(lease.clone()));
         let weak = Arc::downgrade(&lease);
         drop(lease);

@@ -67,6 +67,8 @@ pub(crate) struct Shared {
     /// When this node began receiving a snapshot it has not installed yet: the log store
     /// waits for that install before it purges (see `LogStore::purge`).
     pub(crate) receiving: std::sync::Mutex<Option<std::time::Instant>>,
+    /// How far the log file is durable, set by the log's writer; apply waits for it.
+    pub(crate) durable: tokio::sync::watch::Sender<super::log_writer::Durable>,
 }
 
 impl Shared {
@@ -427,6 +429,25 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
 }
 
 impl StateMachineStore {
+    /// Waits until the log file holds entry `index` durably. Only a leader ever waits: the
+    /// followers' acknowledgements can commit an entry before the leader's own fsync of it
+    /// (which now runs beside replication), and a state that got ahead of the durable log
+    /// could, after a crash, hold entries the log no longer has. Followers apply only entries
+    /// they have flushed.
+    async fn wait_durable(&self, index: u64) -> Result<(), StorageError<NodeId>> {
+        let mut rx = self.shared.durable.subscribe();
+        // An entry past `submitted` was never appended here (openraft's storage tests apply
+        // entries directly); there is nothing to wait for.
+        let done = |d: &super::log_writer::Durable| d.end >= index.min(d.submitted);
+        let d = *rx.wait_for(|d| d.failed || done(d)).await.map_err(sm_write)?;
+        if !done(&d) {
+            return Err(sm_write(std::io::Error::other(format!(
+                "entry {index} cannot become durable: the log writer has failed"
+            ))));
+        }
+        Ok(())
+    }
+
     /// Stores a freshly built snapshot as the current one, unless a newer one is already
     /// there (then that one is returned).
     pub(crate) fn keep_snapshot(&self, meta: Meta, data: Vec<u8>) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
@@ -481,6 +502,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<_> = entries.into_iter().collect();
+        if let Some(last) = entries.last() {
+            self.wait_durable(last.log_id.index).await?;
+        }
         let mut tx = self.db.begin_write().map_err(sm_write)?;
         // Applying needs no fsync of its own: the entries are already durable in the log, and
         // `last_applied` commits in this same transaction, so after a crash the state and

@@ -1,8 +1,10 @@
 use crate::core::sm;
 use crate::raft::VoteResponse;
 use crate::replication;
+use crate::LogId;
 use crate::MessageSummary;
 use crate::RaftTypeConfig;
+use crate::StorageError;
 use crate::Vote;
 
 /// A message coming from the internal components.
@@ -47,6 +49,16 @@ where C: RaftTypeConfig
         /// ith tick
         i: u64,
     },
+
+    /// weft patch: the leader's own append, submitted without waiting for its flush, has been
+    /// flushed (or has failed). Only now does the leader count itself in the commit quorum.
+    LocalLogFlushed {
+        /// The vote of the leader that submitted the append.
+        vote: Vote<C::NodeId>,
+        /// Last log id of that append.
+        last_log_id: LogId<C::NodeId>,
+        result: Result<(), StorageError<C::NodeId>>,
+    },
 }
 
 impl<C> Notify<C>
@@ -87,6 +99,18 @@ where C: RaftTypeConfig
             }
             Self::Tick { i } => {
                 format!("Tick {}", i)
+            }
+            Self::LocalLogFlushed {
+                vote,
+                last_log_id,
+                result,
+            } => {
+                format!(
+                    "LocalLogFlushed: by {}: upto {}: ok={}",
+                    vote,
+                    last_log_id,
+                    result.is_ok()
+                )
             }
         }
     }

@@ -1327,6 +1327,26 @@ where
                 }
             }
 
+            // weft patch: see `Command::AppendInputEntries`.
+            Notify::LocalLogFlushed {
+                vote,
+                last_log_id,
+                result,
+            } => {
+                if let Err(e) = result {
+                    tracing::error!(error = display(&e), "the leader's own log append failed");
+                    return Err(Fatal::from(e));
+                }
+                // Only the leadership that submitted the IO may count it. A newer leadership
+                // counts itself from its own (blank) entry's flush: the store flushes in order.
+                let same = self.engine.leader.as_ref().is_some_and(|l| l.vote.leader_id() == vote.leader_id());
+                if same {
+                    if let Ok(mut lh) = self.engine.leader_handler() {
+                        lh.replication_handler().update_local_progress(Some(last_log_id));
+                    }
+                }
+            }
+
             Notify::Network { response } => {
                 //
                 match response {
@@ -1637,12 +1657,43 @@ where
                 let last_log_id = entries.last().unwrap().get_log_id().clone();
                 tracing::debug!("AppendInputEntries: {}", DisplaySlice::<_>(&entries),);
 
-                self.append_to_log(entries, vote, last_log_id.clone()).await?;
+                // weft patch: the leader's own entries do not wait for their flush. The
+                // `Replicate` commands queued after this one go out at once, so the leader's
+                // fsync runs in parallel with replication and the followers' fsyncs instead of
+                // before them. The leader counts itself in the commit quorum only when
+                // `Notify::LocalLogFlushed` arrives. A follower's append keeps the blocking path,
+                // so its AppendEntries response (a later `Respond` command) still follows the
+                // flush. The store must make the entries readable before `append()` returns
+                // (the v2 storage contract) and must flush appends in submission order.
+                let own_leader_io = vote.is_committed()
+                    && self.engine.leader.as_ref().is_some_and(|l| l.vote.leader_id() == vote.leader_id());
 
-                // The leader may have changed.
-                // But reporting to a different leader is not a problem.
-                if let Ok(mut lh) = self.engine.leader_handler() {
-                    lh.replication_handler().update_local_progress(Some(last_log_id));
+                if own_leader_io {
+                    let (tx, rx) = C::AsyncRuntime::oneshot();
+                    let callback = LogFlushed::new(LogIOId::new(vote.clone(), Some(last_log_id.clone())), tx);
+                    self.log_store.append(entries, callback).await?;
+
+                    let tx_notify = self.tx_notify.clone();
+                    let _ = C::AsyncRuntime::spawn(async move {
+                        let result = match rx.await {
+                            Ok(Ok(_io_id)) => Ok(()),
+                            Ok(Err(e)) => Err(StorageIOError::write_logs(AnyError::error(e)).into()),
+                            Err(e) => Err(StorageIOError::write_logs(AnyError::error(e)).into()),
+                        };
+                        let _ = tx_notify.send(Notify::LocalLogFlushed {
+                            vote,
+                            last_log_id,
+                            result,
+                        });
+                    });
+                } else {
+                    self.append_to_log(entries, vote, last_log_id.clone()).await?;
+
+                    // The leader may have changed.
+                    // But reporting to a different leader is not a problem.
+                    if let Ok(mut lh) = self.engine.leader_handler() {
+                        lh.replication_handler().update_local_progress(Some(last_log_id));
+                    }
                 }
             }
             Command::SaveVote { vote } => {
