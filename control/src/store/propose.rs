@@ -1,13 +1,14 @@
 //! The proposer: turns concurrent writes into few Raft log entries.
 //!
-//! openraft 0.9's core handles one client write at a time: each becomes its own log append,
-//! and the core waits for that append's fsync before it looks at the next message. Handing it
-//! every API write separately makes the leader's log a serial fsync pipeline (one fsync and one
-//! replication round per write, whatever the concurrency). The proposer sits in front: writers
-//! queue their command here; while `IN_FLIGHT` batches are in flight, the queue fills; when
-//! one is committed and applied, everything queued (up to [`MAX_BATCH`] commands or
-//! [`MAX_BATCH_BYTES`]) goes out as the next entry. One writer alone gets its own entry with no
-//! added wait; 64 concurrent writers share one append, one fsync and one replication round.
+//! openraft 0.9's core handles one client write at a time: each becomes its own log append and
+//! its own replication round. Handing it every API write separately would cost one entry, one
+//! log transaction and one AppendEntries per write, whatever the concurrency. The proposer
+//! sits in front: writers queue their command here; while `IN_FLIGHT` batches are in flight,
+//! the queue fills; when one is committed and applied, everything queued (up to [`MAX_BATCH`]
+//! commands or [`MAX_BATCH_BYTES`]) goes out as the next entry. One writer alone gets its own
+//! entry with no added wait; 64 concurrent writers share one entry and one replication round.
+//! (The leader's own fsync no longer blocks the core, see `log_writer`; `IN_FLIGHT` was tuned
+//! while it did.)
 //!
 //! A batch never holds the same key twice (both writes would get the same revision): a second
 //! write of a key waits for the next batch, so writes of one key still apply in arrival order.

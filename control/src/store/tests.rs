@@ -142,6 +142,37 @@ async fn restart_recovers_acknowledged_writes() {
     node.shutdown().await.unwrap();
 }
 
+/// A leader replicates before its own fsync, so after a restart it must not lead on under its
+/// old vote (followers may hold entries of that term its disk lost): its own committed vote
+/// reads back uncommitted, it stands again in a higher term, and writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_leader_stands_for_election_again_in_a_higher_term() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let node = start(&path, 1000).await;
+    node.write(put("endpoint", "a", "1", None)).await.unwrap();
+    node.shutdown().await.unwrap();
+
+    let store = Store::open(&path).unwrap();
+    let stored = store.log_store().read_vote().await.unwrap().expect("a vote on disk");
+    assert!(stored.is_committed(), "the leader's vote is stored committed: {stored}");
+    let term = stored.leader_id().term;
+    let mut own = log::LogStore::new(store.log_db.clone(), store.db.clone(), store.shared.clone(), Some(1), None);
+    let seen = own.read_vote().await.unwrap().unwrap();
+    assert!(!seen.is_committed(), "its own committed vote comes back uncommitted: {seen}");
+    assert_eq!((seen.leader_id().term, seen.leader_id().voted_for()), (term, Some(1)));
+    let mut other = log::LogStore::new(store.log_db.clone(), store.db.clone(), store.shared.clone(), Some(2), None);
+    assert_eq!(other.read_vote().await.unwrap(), Some(stored), "another node's vote is untouched");
+    drop((own, other, store));
+
+    let node = start(&path, 1000).await;
+    let rev = node.write(put("endpoint", "b", "2", None)).await.unwrap();
+    assert!(rev > 1);
+    let m = node.raft.metrics().borrow().clone();
+    assert!(m.vote.leader_id().term > term, "led again in a higher term: {} > {term}", m.vote);
+    node.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_build_and_install_round_trip() {
     let dir = tempfile::tempdir().unwrap();
