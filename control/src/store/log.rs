@@ -128,7 +128,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         // The tail first, then the file: the writer drops an entry from the tail only after
         // its commit, so an entry missing from this copy of the tail is in the file by the
         // time the read transaction below begins.
-        let mut pending: std::collections::BTreeMap<u64, Entry<TypeConfig>> = {
+        let pending: std::collections::BTreeMap<u64, Entry<TypeConfig>> = {
             let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
             tail.range((start, end)).map(|(i, e)| (*i, e.clone())).collect()
         };
@@ -145,7 +145,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
                 out.push(db::from_json(v.value()).map_err(|e| rerr(db::any(e)))?);
             }
         }
-        out.extend(std::mem::take(&mut pending).into_values());
+        out.extend(pending.into_values());
         Ok(out)
     }
 }
