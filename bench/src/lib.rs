@@ -6,6 +6,7 @@
 
 pub mod autoscale;
 pub mod csv;
+pub mod fsync_delay;
 pub mod guard;
 pub mod install;
 pub mod load;

@@ -423,26 +423,6 @@ fn command(bin: &Path, wrap: &[String]) -> Command {
     }
 }
 
-/// The wrapper that makes every `fdatasync`/`fsync` of a node (and its threads) take `delay`
-/// longer: `strace` injecting a delay on syscall exit, filtered with seccomp-bpf so no other
-/// syscall stops. It emulates a slower disk on a machine whose own is fast or erratic.
-pub fn fsync_delay_wrapper(strace: &Path, delay: Duration) -> Vec<String> {
-    let inject = format!("fdatasync,fsync:delay_exit={}us", delay.as_micros());
-    [
-        strace.display().to_string(),
-        "-f".into(),
-        "--seccomp-bpf".into(),
-        "-qq".into(),
-        "-o".into(),
-        "/dev/null".into(),
-        "-e".into(),
-        "trace=fdatasync,fsync".into(),
-        "-e".into(),
-        format!("inject={inject}"),
-    ]
-    .into()
-}
-
 /// Sends the command's stdout and stderr to `log`.
 fn with_log<'a>(cmd: &'a mut Command, log: &Path) -> Result<&'a mut Command> {
     let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;

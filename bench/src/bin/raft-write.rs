@@ -16,7 +16,7 @@ use clap::Parser;
 use serde_json::{Map, Value, json};
 
 use weft_bench::guard::{self, TempDir};
-use weft_bench::raft_clusters::{self, Cluster, System};
+use weft_bench::raft_clusters::{Cluster, System};
 use weft_bench::report::{self, Check};
 use weft_bench::stats::Spread;
 use weft_bench::workspace;
@@ -49,8 +49,9 @@ struct Args {
     #[arg(long)]
     fsync_iterations: Option<usize>,
     /// Emulate a slower disk: every fdatasync/fsync of every node (both systems) takes this
-    /// many ms longer (strace syscall-delay injection, installed when missing), and so does
-    /// each sample of the fdatasync test. Results go under bench/results/tmp/ unless --out.
+    /// many ms longer (a seccomp filter traps only those calls; this binary, re-run as each
+    /// node's wrapper, holds them; see bench/src/fsync_delay.rs), and so does each sample of the
+    /// fdatasync test. Results go under bench/results/tmp/ unless --out.
     #[arg(long)]
     fsync_delay_ms: Option<f64>,
     /// With --fsync-delay-ms: weft's node 1, which initializes the cluster and leads it,
@@ -116,6 +117,10 @@ struct Sample {
 }
 
 fn main() -> ExitCode {
+    // Re-executed as a node's wrapper by --fsync-delay-ms (before any thread exists).
+    if let Some(code) = weft_bench::fsync_delay::exec_if_asked() {
+        return ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX));
+    }
     match run(&Args::parse()) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -165,13 +170,7 @@ fn run(args: &Args) -> Result<bool> {
     let wrap = if plan.fsync_delay.is_zero() {
         Vec::new()
     } else {
-        let strace = install::ensure_apt("strace", "strace")
-            .context("--fsync-delay-ms injects the delay with strace")?;
-        versions.insert(
-            "strace".into(),
-            json!(install::version_line(&strace, &["-V"])),
-        );
-        raft_clusters::fsync_delay_wrapper(&strace, plan.fsync_delay)
+        weft_bench::fsync_delay::wrapper(plan.fsync_delay)
     };
 
     let tmp = TempDir::new("weft-raft-write")?;
