@@ -62,19 +62,17 @@ impl Pool {
                         return Ok(Conn::H1 { sender, reused: true });
                     }
                 }
-                Ok(Conn::H1 { sender: dial_h1(addr, dial).await?, reused: false })
+                // Dialing is boxed: a cold path whose connect and handshake futures would
+                // otherwise size every request's future (each try's future is copied into
+                // its caller's), making the hot path copy kilobytes per request.
+                Ok(Conn::H1 { sender: Box::pin(dial_h1(addr, dial)).await?, reused: false })
             }
             UpstreamProtocol::Http2 => {
                 let current = self.h2.lock().unwrap().clone();
                 if let Some(s) = current.filter(|s| !s.is_closed()) {
                     return Ok(Conn::H2(s));
                 }
-                let stream = connect(addr, dial).await?;
-                let (sender, conn) = http2::Builder::new(TokioExecutor::new())
-                    .handshake(TokioIo::new(stream))
-                    .await
-                    .map_err(|e| handshake_failed(dial, e))?;
-                spawn_conn(conn, dial.open.clone());
+                let sender = Box::pin(dial_h2(addr, dial)).await?;
                 *self.h2.lock().unwrap() = Some(sender.clone());
                 Ok(Conn::H2(sender))
             }
@@ -102,6 +100,17 @@ pub async fn dial_h1(addr: SocketAddr, dial: &Dial<'_>) -> Result<H1, ConnectErr
     let stream = connect(addr, dial).await?;
     let (sender, conn) =
         http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(|e| handshake_failed(dial, e))?;
+    spawn_conn(conn, dial.open.clone());
+    Ok(sender)
+}
+
+/// A fresh HTTP/2 connection (the caller keeps it as the endpoint's shared one).
+async fn dial_h2(addr: SocketAddr, dial: &Dial<'_>) -> Result<H2, ConnectError> {
+    let stream = connect(addr, dial).await?;
+    let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| handshake_failed(dial, e))?;
     spawn_conn(conn, dial.open.clone());
     Ok(sender)
 }

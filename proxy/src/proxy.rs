@@ -434,10 +434,13 @@ async fn try_once(
     cluster.in_flight.increment(1.0);
     let last = route.retry.as_ref().is_none_or(|r| r.attempts <= 1);
     let attempt = parts.span.as_mut().map(|s| s.attempt(&mut parts.headers, &ep.label, ep.addr));
-    let exchange = exchange(cluster, ep_i, parts, bodies, last);
+    // The exchange future is built inside each arm: held in a local first, it would take
+    // room in this future's state next to the copy being awaited, and be copied once more.
     let result = match limit {
-        None => exchange.await,
-        Some(l) => tokio::time::timeout_at(l.into(), exchange).await.unwrap_or(Err(Attempt::Timeout)),
+        None => exchange(cluster, ep_i, parts, bodies, last).await,
+        Some(l) => tokio::time::timeout_at(l.into(), exchange(cluster, ep_i, parts, bodies, last))
+            .await
+            .unwrap_or(Err(Attempt::Timeout)),
     };
     match result {
         Ok((resp, h1)) => {
@@ -551,7 +554,9 @@ async fn exchange(
                 let Some(req) = e.take_message().filter(|_| reused) else {
                     return Err(Attempt::Reset(e.into_error().to_string()));
                 };
-                match crate::pool::dial_h1(ep.addr, &dial).await {
+                // Boxed: a cold path, whose handshake future would otherwise size (and be
+                // copied with) every request's future.
+                match Box::pin(crate::pool::dial_h1(ep.addr, &dial)).await {
                     Ok(mut sender) => sender
                         .send_request(req)
                         .await
