@@ -38,12 +38,11 @@ const NULL: *mut libc::c_void = std::ptr::null_mut();
 /// `BIN FLAG MICROS PROGRAM ARGS...` (see [`wrapper`] and [`exec_if_asked`]).
 pub const FLAG: &str = "--exec-with-fsync-delay-us";
 
-/// The argument list that runs a program under a `delay` on every fsync: this binary again,
-/// with [`FLAG`]; the caller appends the program and its arguments. This binary is named by
-/// `/proc/self/exe`, which a child resolves (before its exec) to the image it was forked
-/// from: the bench rebuilds the workspace after it started, which may replace its own file.
+/// The argument list that runs a program under a `delay` on every fsync: this binary again
+/// ([`crate::workspace::self_exe`]), with [`FLAG`]; the caller appends the program and its
+/// arguments.
 pub fn wrapper(delay: Duration) -> Vec<String> {
-    vec!["/proc/self/exe".into(), FLAG.into(), delay.as_micros().to_string()]
+    vec![crate::workspace::self_exe().display().to_string(), FLAG.into(), delay.as_micros().to_string()]
 }
 
 /// If this process was started as the wrapper (first argument [`FLAG`]), runs the program and

@@ -71,7 +71,7 @@ impl Upstream {
     /// Re-executes this binary with `--serve-upstream PORTS` on `core` and waits for its
     /// `listening` line.
     pub fn start(core: usize, ports: usize) -> Result<Self> {
-        let exe = std::env::current_exe()?;
+        let exe = crate::workspace::self_exe();
         let mut cmd = Command::new("taskset");
         cmd.arg("-c").arg(core.to_string()).arg(exe);
         cmd.args(["--serve-upstream", &ports.to_string()])

@@ -35,6 +35,15 @@ pub fn release_bin(bin: &str) -> Result<PathBuf> {
         .with_context(|| format!("{} not found after the build", path.display()))
 }
 
+/// This binary, by a path that stays valid while this process runs: `/proc/PID/exe`. The
+/// benches re-run themselves (upstream server, stand-in control node, fsync-delay wrapper), and
+/// [`release_bin`]'s workspace build may replace their own file meanwhile (`cargo run -p
+/// weft-bench` resolves features differently), after which `current_exe()` names a deleted
+/// file. Unlike `/proc/self/exe`, it also holds when a launcher (`taskset`, `sh`) execs it.
+pub fn self_exe() -> PathBuf {
+    PathBuf::from(format!("/proc/{}/exe", std::process::id()))
+}
+
 /// CPU count and model, kernel and OS, for the results JSON.
 pub fn machine() -> Value {
     let read = |p: &str| {

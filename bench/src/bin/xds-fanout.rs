@@ -616,8 +616,7 @@ impl StandIn {
     const DESCRIPTION: &str = "stand-in for weft-control: weft_xds::Cache + AdsServer (the xDS server code weft-control uses) in a child process of the bench, serving the resources weft-control's XdsBuilder makes of the same mesh specs, default tonic settings, listen backlog 4096; no Raft, no REST API";
 
     fn start(debounce: Duration) -> Result<Self> {
-        let exe = std::env::current_exe().context("locating this binary")?;
-        let mut child = Command::new(exe)
+        let mut child = Command::new(weft_bench::workspace::self_exe())
             .args([
                 "--serve-xds",
                 "127.0.0.1:0",
@@ -959,7 +958,7 @@ fn ensure_open_files(needed: u64) -> Result<Option<ExitCode>> {
         .arg("-c")
         .arg(r#"ulimit -n "$0" && exec "$@""#)
         .arg(needed.to_string())
-        .arg(std::env::current_exe()?)
+        .arg(weft_bench::workspace::self_exe())
         .args(std::env::args_os().skip(1))
         .env(FD_RAISED_ENV, "1")
         .status()
