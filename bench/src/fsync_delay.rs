@@ -70,15 +70,17 @@ pub fn exec_if_asked() -> Option<i32> {
 
 /// Runs `program` with every fsync/fdatasync of its process tree delayed by `delay`.
 pub fn run(delay: Duration, program: &OsString, args: &[OsString]) -> Result<i32> {
-    let filter = Filter::new()?;
+    let arch = audit_arch()?;
     let forwarded = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
     let waited = sigset(&[libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP]);
     let mut cmd = Command::new(program);
     cmd.args(args);
     // SAFETY: between fork and exec the closure only makes async-signal-safe system calls
-    // (sigprocmask, prctl, ptrace) on data prepared before the fork.
+    // (sigprocmask, prctl, ptrace) on data on its own stack; it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
+            let code = filter_program(arch);
+            let prog = libc::sock_fprog { len: code.len() as u16, filter: code.as_ptr().cast_mut() };
             let empty = sigset(&[]);
             check(libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()))?;
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong))?;
@@ -86,7 +88,7 @@ pub fn run(delay: Duration, program: &OsString, args: &[OsString]) -> Result<i32
             check(libc::prctl(
                 libc::PR_SET_SECCOMP,
                 libc::SECCOMP_MODE_FILTER as libc::c_ulong,
-                filter.prog() as libc::c_ulong,
+                &raw const prog as libc::c_ulong,
                 0 as libc::c_ulong,
                 0 as libc::c_ulong,
             ))?;
@@ -233,60 +235,39 @@ fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
     }
 }
 
+/// The audit architecture of this build, which the seccomp filter checks calls against
+/// (linux/audit.h; not in the libc crate).
+fn audit_arch() -> Result<u32> {
+    if cfg!(target_arch = "x86_64") {
+        Ok(0xC000_003E) // AUDIT_ARCH_X86_64
+    } else if cfg!(target_arch = "aarch64") {
+        Ok(0xC000_00B7) // AUDIT_ARCH_AARCH64
+    } else {
+        bail!("the fsync delay supports x86_64 and aarch64 only")
+    }
+}
+
 /// The seccomp program: trace fsync and fdatasync, allow everything else (and every call made
 /// under another architecture's convention, which this filter does not know the numbers of).
-struct Filter {
-    code: Box<[libc::sock_filter]>,
-    prog: Box<libc::sock_fprog>,
+/// A plain array, so the forked child can build it without allocating.
+fn filter_program(arch: u32) -> [libc::sock_filter; 8] {
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter { code: code as u16, jt, jf, k };
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let jeq = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+    let ret = libc::BPF_RET | libc::BPF_K;
+    let nr = std::mem::offset_of!(libc::seccomp_data, nr) as u32;
+    let arch_at = std::mem::offset_of!(libc::seccomp_data, arch) as u32;
+    [
+        op(load, 0, 0, arch_at),
+        op(jeq, 1, 0, arch),
+        op(ret, 0, 0, libc::SECCOMP_RET_ALLOW),
+        op(load, 0, 0, nr),
+        op(jeq, 2, 0, libc::SYS_fsync as u32),
+        op(jeq, 1, 0, libc::SYS_fdatasync as u32),
+        op(ret, 0, 0, libc::SECCOMP_RET_ALLOW),
+        op(ret, 0, 0, libc::SECCOMP_RET_TRACE),
+    ]
 }
-
-// BPF opcodes (linux/bpf_common.h: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K)
-// and seccomp return values (linux/seccomp.h).
-const BPF_LD_W_ABS: u16 = 0x20;
-const BPF_JEQ_K: u16 = 0x15;
-const BPF_RET_K: u16 = 0x06;
-const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
-const SECCOMP_RET_TRACE: u32 = 0x7ff0_0000;
-/// `offsetof(struct seccomp_data, nr)` and `arch`.
-const OFFSET_NR: u32 = 0;
-const OFFSET_ARCH: u32 = 4;
-
-impl Filter {
-    fn new() -> Result<Filter> {
-        let arch: u32 = if cfg!(target_arch = "x86_64") {
-            0xC000_003E // AUDIT_ARCH_X86_64
-        } else if cfg!(target_arch = "aarch64") {
-            0xC000_00B7 // AUDIT_ARCH_AARCH64
-        } else {
-            bail!("the fsync delay supports x86_64 and aarch64 only");
-        };
-        let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
-        let code: Box<[libc::sock_filter]> = vec![
-            op(BPF_LD_W_ABS, 0, 0, OFFSET_ARCH),
-            op(BPF_JEQ_K, 1, 0, arch),
-            op(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
-            op(BPF_LD_W_ABS, 0, 0, OFFSET_NR),
-            op(BPF_JEQ_K, 2, 0, libc::SYS_fsync as u32),
-            op(BPF_JEQ_K, 1, 0, libc::SYS_fdatasync as u32),
-            op(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
-            op(BPF_RET_K, 0, 0, SECCOMP_RET_TRACE),
-        ]
-        .into_boxed_slice();
-        let mut f = Filter { code, prog: Box::new(libc::sock_fprog { len: 0, filter: std::ptr::null_mut() }) };
-        f.prog.len = f.code.len() as u16;
-        f.prog.filter = f.code.as_ptr().cast_mut();
-        Ok(f)
-    }
-
-    fn prog(&self) -> *const libc::sock_fprog {
-        &*self.prog
-    }
-}
-
-// SAFETY: the program is only read (by the kernel, in the forked child); the pointers in
-// `prog` point into `code`, owned by the same value.
-unsafe impl Send for Filter {}
-unsafe impl Sync for Filter {}
 
 #[cfg(test)]
 mod tests {
