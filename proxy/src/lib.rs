@@ -20,6 +20,7 @@ pub mod breaker;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod drain;
 pub mod duration;
 pub mod lb;
 pub mod limit;

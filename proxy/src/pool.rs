@@ -97,57 +97,60 @@ impl Pool {
 
 /// A fresh HTTP/1.1 connection, outside any pool (the caller checks it in when done).
 pub async fn dial_h1(addr: SocketAddr, dial: &Dial<'_>) -> Result<H1, ConnectError> {
-    let stream = connect(addr, dial).await?;
+    let (stream, slot) = connect(addr, dial).await?;
     let (sender, conn) =
-        http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(|e| handshake_failed(dial, e))?;
-    spawn_conn(conn, dial.open.clone());
+        http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(handshake_failed)?;
+    spawn_conn(conn, slot);
     Ok(sender)
 }
 
 /// A fresh HTTP/2 connection (the caller keeps it as the endpoint's shared one).
 async fn dial_h2(addr: SocketAddr, dial: &Dial<'_>) -> Result<H2, ConnectError> {
-    let stream = connect(addr, dial).await?;
+    let (stream, slot) = connect(addr, dial).await?;
     let (sender, conn) = http2::Builder::new(TokioExecutor::new())
         .handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| handshake_failed(dial, e))?;
-    spawn_conn(conn, dial.open.clone());
+        .map_err(handshake_failed)?;
+    spawn_conn(conn, slot);
     Ok(sender)
 }
 
-async fn connect(addr: SocketAddr, dial: &Dial<'_>) -> Result<TcpStream, ConnectError> {
+/// One of the cluster's `max_connections`, held from the dial until the connection closes.
+/// Released on drop, so a dial abandoned midway (its request was cancelled) gives it back.
+struct ConnSlot(Arc<AtomicU32>);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+async fn connect(addr: SocketAddr, dial: &Dial<'_>) -> Result<(TcpStream, ConnSlot), ConnectError> {
     if dial.open.fetch_add(1, Relaxed) >= dial.max_connections {
         dial.open.fetch_sub(1, Relaxed);
         return Err(ConnectError::Overflow);
     }
-    let res = tokio::time::timeout(dial.connect_timeout, TcpStream::connect(addr)).await;
-    let stream = match res {
+    let slot = ConnSlot(dial.open.clone());
+    let stream = match tokio::time::timeout(dial.connect_timeout, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            dial.open.fetch_sub(1, Relaxed);
-            return Err(ConnectError::Failed(e.to_string()));
-        }
-        Err(_) => {
-            dial.open.fetch_sub(1, Relaxed);
-            return Err(ConnectError::Timeout);
-        }
+        Ok(Err(e)) => return Err(ConnectError::Failed(e.to_string())),
+        Err(_) => return Err(ConnectError::Timeout),
     };
     let _ = stream.set_nodelay(true);
-    Ok(stream)
+    Ok((stream, slot))
 }
 
-fn handshake_failed(dial: &Dial<'_>, e: hyper::Error) -> ConnectError {
-    dial.open.fetch_sub(1, Relaxed);
+fn handshake_failed(e: hyper::Error) -> ConnectError {
     ConnectError::Failed(e.to_string())
 }
 
 /// Drive a connection until it closes, then release its slot in the cluster's count.
-fn spawn_conn<F>(conn: F, open: Arc<AtomicU32>)
+fn spawn_conn<F>(conn: F, slot: ConnSlot)
 where
     F: std::future::Future + Send + 'static,
 {
     tokio::spawn(async move {
         let _ = conn.await;
-        open.fetch_sub(1, Relaxed);
+        drop(slot);
     });
 }

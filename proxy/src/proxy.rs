@@ -74,14 +74,15 @@ async fn serve(
     let authority = authority(&req).ok_or_else(|| {
         Local::new(StatusCode::BAD_REQUEST, "missing_host", "the request has no Host header or :authority")
     })?;
+    let host = authority.to_str().unwrap_or_default();
     let listener = &snap.listeners[li];
-    let si = listener.hosts.lookup(&authority).ok_or_else(|| {
+    let si = listener.hosts.lookup(host).ok_or_else(|| {
         Local::new(
             StatusCode::NOT_FOUND,
             "unknown_host",
-            format!("no service on listener {:?} answers to host {authority:?}", &*listener.name),
+            format!("no service on listener {:?} answers to host {host:?}", &*listener.name),
         )
-        .with("host", authority.clone())
+        .with("host", host.to_string())
     })?;
     let service = &snap.services[si];
     labels.service = service.name.clone();
@@ -148,7 +149,7 @@ async fn serve(
     let span_fwd = span.take().map(|s| s.forwarding(labels));
     let mut req_parts = ReqParts { method: parts.method, uri: parts.uri, headers: parts.headers, authority, span: span_fwd };
     // Boxed: the retry machinery is the bulk of this future, and hyper moves the outer future.
-    let sent = match Box::pin(forward(cluster, route, &mut req_parts, body, start, deadline)).await {
+    let mut sent = match Box::pin(forward(cluster, route, &mut req_parts, body, start, deadline)).await {
         Ok(sent) => sent,
         Err(local) => {
             *span = req_parts.span.take();
@@ -165,6 +166,7 @@ async fn serve(
     if let Some(v) = variant {
         rparts.headers.insert(X_WEFT_VARIANT.clone(), v.header.clone());
     }
+    sent.held.hand_over();
     let on_end = finish_on_end(sh, cluster, sent.ep, sent.h1, slot, labels.clone(), start, sent.attempts - 1, &req_parts, telemetry::trace_id(&trace), ending);
     let scan = crate::usage::scanned(rparts.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()));
     Ok(Response::from_parts(rparts, RespBody::upstream(incoming, route.idle_timeout, scan, on_end)))
@@ -199,7 +201,8 @@ pub(crate) struct ReqParts {
     pub method: Method,
     pub uri: Uri,
     pub headers: HeaderMap,
-    pub authority: String,
+    /// The downstream Host / :authority (visible ASCII, checked when the request came in).
+    pub authority: HeaderValue,
     /// The request's trace while OTLP export is on and it is sampled.
     pub span: Option<otlp::ReqSpan>,
 }
@@ -221,7 +224,7 @@ impl ReqParts {
                 *req.version_mut() = Version::HTTP_11;
             }
             UpstreamProtocol::Http2 => {
-                *req.uri_mut() = Uri::try_from(format!("http://{}{pq}", self.authority)).unwrap_or_else(|_| Uri::from_static("/"));
+                *req.uri_mut() = Uri::try_from(format!("http://{}{pq}", self.authority.to_str().unwrap_or_default())).unwrap_or_else(|_| Uri::from_static("/"));
                 *req.version_mut() = Version::HTTP_2;
                 req.headers_mut().remove(header::HOST);
             }
@@ -305,9 +308,11 @@ impl Bodies {
     }
 }
 
-struct Sent {
+struct Sent<'a> {
     resp: Response<Incoming>,
     ep: usize,
+    /// The try's in-flight counts, until the response body takes them over.
+    held: Held<'a>,
     h1: Option<H1>,
     attempts: u32,
     /// The try's span (OTLP), ended with the body or when the response is dropped for a retry.
@@ -315,14 +320,14 @@ struct Sent {
 }
 
 /// Send to `cluster`, retrying per the route's policy.
-async fn forward(
-    cluster: &Arc<Cluster>,
+async fn forward<'a>(
+    cluster: &'a Arc<Cluster>,
     route: &RouteRt,
     parts: &mut ReqParts,
     body: Prepared,
     start: Instant,
     deadline: Option<Instant>,
-) -> Result<Sent, Local> {
+) -> Result<Sent<'a>, Local> {
     let policy = route.retry.as_ref();
     if let Some(p) = policy {
         p.budget.lock().unwrap().record_request(clock::ms_of(start));
@@ -343,11 +348,12 @@ async fn forward(
                     return Ok(sent);
                 }
                 // Dropped unread: its connection is not reused, and its counts end here.
-                release(cluster, sent.ep);
+                let Sent { ep, held, attempt, .. } = sent;
+                drop(held);
                 if let Some(s) = &parts.span {
-                    s.end_attempt(sent.attempt.take(), Ok(status));
+                    s.end_attempt(attempt, Ok(status));
                 }
-                (Failure::Status(status), sent.ep)
+                (Failure::Status(status), ep)
             }
             Err(TryError::Local(l)) => return Err(l),
             Err(TryError::Failed(f, ep, local)) => {
@@ -392,15 +398,15 @@ enum TryError {
 }
 
 /// One try: thresholds, breaker, endpoint pick, connection, request, response head.
-async fn try_once(
-    cluster: &Arc<Cluster>,
+async fn try_once<'a>(
+    cluster: &'a Arc<Cluster>,
     route: &RouteRt,
     parts: &mut ReqParts,
     bodies: &mut Bodies,
     tried: &[usize],
     deadline: Option<Instant>,
     is_retry: bool,
-) -> Result<Sent, TryError> {
+) -> Result<Sent<'a>, TryError> {
     let limits = &cluster.cfg.circuit_breaker;
     if cluster.active.load(Relaxed) >= limits.max_requests {
         return Err(TryError::Local(overflow(cluster, Overflow::MaxRequests)));
@@ -429,9 +435,7 @@ async fn try_once(
         (a, b) => a.or(b),
     };
     let _retry_guard = is_retry.then(|| Counted::new(&cluster.retries_active));
-    ep.load.start();
-    cluster.active.fetch_add(1, Relaxed);
-    cluster.in_flight.increment(1.0);
+    let held = Held::take(cluster, ep_i);
     let last = route.retry.as_ref().is_none_or(|r| r.attempts <= 1);
     let attempt = parts.span.as_mut().map(|s| s.attempt(&mut parts.headers, &ep.label, ep.addr));
     // The exchange future is built inside each arm: held in a local first, it would take
@@ -448,10 +452,10 @@ async fn try_once(
             cluster.record(ep_i, Outcome::from_status(resp.status().as_u16()), probe, now);
             // `active`/in-flight are released when the response body ends (see finish_on_end),
             // or right here if the caller drops this response to retry.
-            Ok(Sent { resp, ep: ep_i, h1, attempts: 0, attempt })
+            Ok(Sent { resp, ep: ep_i, held, h1, attempts: 0, attempt })
         }
         Err(a) => {
-            release(cluster, ep_i);
+            drop(held);
             if let Some(s) = &parts.span {
                 s.end_attempt(attempt, Err(a.kind()));
             }
@@ -463,7 +467,39 @@ async fn try_once(
     }
 }
 
-/// Decrement the in-flight counts taken by `try_once`.
+/// A try's hold on its cluster's active-request count and its endpoint's in-flight count.
+/// Released when dropped, so also when the request is cancelled mid-try (a client that resets
+/// its stream drops the whole request future); otherwise a cancelled request stayed counted
+/// for good, and enough of them made `max_requests` refuse everything.
+struct Held<'a> {
+    cluster: &'a Cluster,
+    ep: usize,
+    armed: bool,
+}
+
+impl<'a> Held<'a> {
+    fn take(cluster: &'a Cluster, ep: usize) -> Held<'a> {
+        cluster.endpoints[ep].load.start();
+        cluster.active.fetch_add(1, Relaxed);
+        cluster.in_flight.increment(1.0);
+        Held { cluster, ep, armed: true }
+    }
+
+    /// The response body took the counts over: it calls [`release`] when it ends.
+    fn hand_over(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            release(self.cluster, self.ep);
+        }
+    }
+}
+
+/// Decrement the in-flight counts taken by [`Held::take`].
 fn release(cluster: &Cluster, ep: usize) {
     cluster.endpoints[ep].load.end();
     cluster.active.fetch_sub(1, Relaxed);
@@ -641,11 +677,14 @@ impl Drop for Counted<'_> {
     }
 }
 
-fn authority(req: &Request<Incoming>) -> Option<String> {
-    if let Some(a) = req.uri().authority() {
-        return Some(a.as_str().to_string());
-    }
-    req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).filter(|h| !h.is_empty()).map(str::to_string)
+/// The request's :authority (HTTP/2) or Host header, if present, non-empty and visible ASCII.
+/// A Host header is shared with the request (no copy): this runs on every request.
+fn authority(req: &Request<Incoming>) -> Option<HeaderValue> {
+    let v = match req.uri().authority() {
+        Some(a) => HeaderValue::from_str(a.as_str()).ok()?,
+        None => req.headers().get(header::HOST)?.clone(),
+    };
+    (!v.is_empty() && v.to_str().is_ok()).then_some(v)
 }
 
 fn header_str<'a>(h: &'a HeaderMap, name: Option<&HeaderName>) -> Option<&'a str> {
@@ -689,12 +728,13 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-fn prepare_headers(h: &mut HeaderMap, authority: &str, traceparent: &[u8], variant: Option<&VariantRt>) {
+fn prepare_headers(h: &mut HeaderMap, authority: &HeaderValue, traceparent: &[u8], variant: Option<&VariantRt>) {
     strip_hop_by_hop(h);
-    if !h.contains_key(header::HOST)
-        && let Ok(v) = HeaderValue::from_str(authority) {
-            h.insert(header::HOST, v);
-        }
+    // Room for what is added below in one step: the parsed map is sized to what arrived.
+    h.reserve(3);
+    if !h.contains_key(header::HOST) {
+        h.insert(header::HOST, authority.clone());
+    }
     if let Ok(v) = HeaderValue::from_bytes(traceparent) {
         h.insert(TRACEPARENT.clone(), v);
     }

@@ -123,6 +123,9 @@ impl HostTable {
 
     /// Find the service for a Host/authority value (port stripped, any case).
     pub fn lookup(&self, authority: &str) -> Option<usize> {
+        if self.exact.is_empty() {
+            return self.wildcard;
+        }
         let host = strip_port(authority);
         let found = if host.bytes().any(|b| b.is_ascii_uppercase()) {
             self.exact.get(&host.to_ascii_lowercase())

@@ -6,7 +6,6 @@
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::drain::Drain;
 use crate::snapshot::Snapshot;
 use crate::telemetry::Telemetry;
 use crate::Shared;
@@ -166,7 +166,7 @@ fn run_worker(id: usize, sh: Arc<Shared>, sockets: Vec<std::net::TcpListener>) {
     crate::worker::set_id(id);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     rt.block_on(async move {
-        let graceful = GracefulShutdown::new();
+        let drain = Drain::new();
         let mut draining = sh.draining.subscribe();
         let mut accepts = tokio::task::JoinSet::new();
         let (conn_tx, mut conn_rx) = tokio::sync::mpsc::channel::<(usize, tokio::net::TcpStream)>(1024);
@@ -195,7 +195,7 @@ fn run_worker(id: usize, sh: Arc<Shared>, sockets: Vec<std::net::TcpListener>) {
             tokio::select! {
                 got = conn_rx.recv() => {
                     let Some((li, stream)) = got else { break };
-                    serve_conn(&sh, &graceful, li, stream);
+                    serve_conn(&sh, &drain, li, stream);
                 }
                 _ = draining.wait_for(|d| *d) => break,
             }
@@ -203,11 +203,11 @@ fn run_worker(id: usize, sh: Arc<Shared>, sockets: Vec<std::net::TcpListener>) {
         // Drain: stop accepting (closing the sockets), let open connections finish.
         accepts.abort_all();
         drop(conn_rx);
-        graceful.shutdown().await;
+        drain.shutdown().await;
     });
 }
 
-fn serve_conn(sh: &Arc<Shared>, graceful: &GracefulShutdown, li: usize, stream: tokio::net::TcpStream) {
+fn serve_conn(sh: &Arc<Shared>, drain: &Drain, li: usize, stream: tokio::net::TcpStream) {
     let _ = stream.set_nodelay(true);
     let (max_header, header_timeout) = {
         let snap = sh.snapshot.load();
@@ -231,7 +231,7 @@ fn serve_conn(sh: &Arc<Shared>, graceful: &GracefulShutdown, li: usize, stream: 
         .max_header_list_size(max_header as u32)
         .max_concurrent_streams(1024);
     let conn = b.serve_connection(TokioIo::new(stream), svc).into_owned();
-    let fut = graceful.watch(conn);
+    let fut = drain.watch(conn);
     tokio::spawn(async move {
         if let Err(e) = fut.await {
             tracing::debug!(error = %e, "downstream connection ended with an error");

@@ -27,7 +27,7 @@ pub(crate) fn spawn(
     snap: &Arc<Snapshot>,
     s: &ShadowRt,
     parts: &http::request::Parts,
-    authority: &str,
+    authority: &http::HeaderValue,
     body: &Prepared,
     primary: &Labels,
     span: Option<crate::otlp::ChildSpan>,
@@ -51,7 +51,7 @@ pub(crate) fn spawn(
     if let Some(s) = &span {
         s.set_header(&mut headers);
     }
-    let mut req = ReqParts { method: parts.method.clone(), uri: parts.uri.clone(), headers, authority: authority.to_string(), span: None };
+    let mut req = ReqParts { method: parts.method.clone(), uri: parts.uri.clone(), headers, authority: authority.clone(), span: None };
     let mut labels = primary.clone();
     labels.variant = s.variant.clone();
     labels.cluster = cluster.name.clone();

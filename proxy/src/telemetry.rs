@@ -475,14 +475,28 @@ pub fn trace_id(tp: &[u8; 55]) -> &str {
     std::str::from_utf8(&tp[3..35]).unwrap_or("")
 }
 
-/// Lowercase hex of the low `out.len() * 4` bits of `v`, most significant first.
-pub(crate) fn hex_into(out: &mut [u8], mut v: u128) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for b in out.iter_mut().rev() {
-        *b = HEX[(v & 0xf) as usize];
-        v >>= 4;
+/// Lowercase hex of the low `out.len() * 4` bits of `v`, most significant first. `out.len()`
+/// must be even (whole bytes); written a byte (two digits) at a time, as it runs per request.
+pub(crate) fn hex_into(out: &mut [u8], v: u128) {
+    debug_assert!(out.len().is_multiple_of(2) && out.len() <= 32);
+    let bytes = v.to_be_bytes();
+    let skip = 16 - out.len() / 2;
+    for (o, b) in out.chunks_exact_mut(2).zip(&bytes[skip..]) {
+        o.copy_from_slice(&HEX_PAIRS[*b as usize]);
     }
 }
+
+/// The two lowercase hex digits of each byte value.
+static HEX_PAIRS: [[u8; 2]; 256] = {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [HEX[i >> 4], HEX[i & 0xf]];
+        i += 1;
+    }
+    t
+};
 
 /// `00-<32 hex trace>-<16 hex parent>-<2 hex flags>` → (trace, flags); None if malformed.
 pub(crate) fn parse_traceparent(v: &[u8]) -> Option<(&[u8], &[u8])> {
@@ -499,6 +513,16 @@ pub(crate) fn parse_traceparent(v: &[u8]) -> Option<(&[u8], &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_into_writes_the_low_bytes_most_significant_first() {
+        let mut b = [0u8; 32];
+        hex_into(&mut b, 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210);
+        assert_eq!(&b, b"0123456789abcdeffedcba9876543210");
+        let mut b = [0u8; 4];
+        hex_into(&mut b, 0xabcd_00f1);
+        assert_eq!(&b, b"00f1");
+    }
 
     #[test]
     fn tenant_cardinality_is_capped() {

@@ -246,3 +246,31 @@ async fn request_body_is_replayed_on_retry_but_never_past_the_buffer() {
     }
     assert!(statuses.contains(&503) && statuses.contains(&200), "{statuses:?}");
 }
+
+/// A client that gives up (an HTTP/2 stream reset) while its request waits on the upstream
+/// must not stay counted against the cluster: `max_requests` and the load balancer's in-flight
+/// figures would otherwise drift up until the cluster refuses everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_request_releases_its_cluster_counts() {
+    let up = Upstream::start("slow").await;
+    up.delay_ms.store(1500, SeqCst);
+    // Any host: over HTTP/2 the client's :authority is the proxy's address.
+    let p = start_proxy(&cluster_config(&[&up], "", "").replace("hosts: [svc]", "hosts: [\"*\"]"));
+    let c = h2_client();
+    let req = http::Request::get(format!("http://{}/", p.listener_addrs[0])).body(full("")).unwrap();
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), c.request(req)).await;
+    assert!(gave_up.is_err(), "the upstream answers only after 1.5 s: {:?}", gave_up.map(|r| r.map(|r| r.status())));
+    let counts = || async {
+        let (_, text) = admin_get(p.admin_addr, "/clusters").await;
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let c = &v["clusters"][0];
+        (c["active_requests"].as_u64().unwrap(), c["endpoints"][0]["in_flight"].as_f64().unwrap())
+    };
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let mut last = counts().await;
+    while last != (0, 0.0) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        last = counts().await;
+    }
+    assert_eq!(last, (0, 0.0), "(active requests, endpoint in-flight) after the client went away");
+}
