@@ -238,7 +238,13 @@ where
                 .max()
                 .saturating_sub(self.read_buf.len()),
         );
-        if self.read_buf_remaining_mut() < next {
+        // weft patch: while messages are small (the strategy still at its initial size), read
+        // into the room left as long as it is at least half the initial size, rather than
+        // reserving a whole `next` again. That reserve cannot reclaim the buffer in place (the
+        // previous message's head is still referenced when the next read is polled, e.g. by
+        // the request being served), so it allocated a fresh 8 KiB buffer for every message.
+        let room = self.read_buf_remaining_mut();
+        if room < next && !(next <= INIT_BUFFER_SIZE && room >= INIT_BUFFER_SIZE / 2) {
             self.read_buf.reserve(next);
         }
 
