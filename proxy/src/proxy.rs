@@ -136,7 +136,7 @@ async fn serve(
     //    may need it.
     let shadow = experiment.and_then(|e| e.shadow.as_ref()).filter(|s| rand::random::<f64>() < s.fraction);
     let (mut parts, body) = req.into_parts();
-    prepare_headers(&mut parts.headers, &authority, &trace, variant);
+    prepare_headers(&mut parts.headers, &authority, trace, variant);
     let record_limit = route.retry.as_ref().map_or(0, |r| r.buffer_bytes).max(shadow.map_or(0, |s| s.max_body_bytes));
     let body = Prepared::new(body, record_limit);
 
@@ -730,14 +730,16 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-fn prepare_headers(h: &mut HeaderMap, authority: &HeaderValue, traceparent: &[u8], variant: Option<&VariantRt>) {
+fn prepare_headers(h: &mut HeaderMap, authority: &HeaderValue, traceparent: [u8; 55], variant: Option<&VariantRt>) {
     strip_hop_by_hop(h);
     // Room for what is added below in one step: the parsed map is sized to what arrived.
     h.reserve(3);
     if !h.contains_key(header::HOST) {
         h.insert(header::HOST, authority.clone());
     }
-    if let Ok(v) = HeaderValue::from_bytes(traceparent) {
+    // One allocation that clones share (a retry's copy of the headers): a value copied from
+    // a slice is promoted to a shared one, a second allocation, on its first clone.
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from_owner(traceparent)) {
         h.insert(TRACEPARENT.clone(), v);
     }
     if let Some(v) = variant {

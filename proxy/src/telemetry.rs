@@ -155,7 +155,38 @@ impl Hasher for IdHasher {
 
 type SeriesMap = HashMap<u64, Vec<(Labels, Arc<Series>)>, BuildHasherDefault<IdHasher>>;
 
+/// How many label sets each thread remembers in [`RECENT`].
+const RECENT_MAX: usize = 16;
+
+thread_local! {
+    /// The series this thread looked up last: (telemetry id, labels, series), newest last.
+    static RECENT: std::cell::RefCell<Vec<(u64, Labels, Arc<Series>)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The same label strings, by identity. A request's labels are mostly the config snapshot's
+/// own `Arc<str>`s, so comparing pointers finds a series without hashing ten strings and taking
+/// the registry lock (≈500 instructions per request). Equal strings in different allocations
+/// just miss and take the slow path.
+fn same_strings(a: &Labels, b: &Labels) -> bool {
+    Arc::ptr_eq(&a.service, &b.service)
+        && Arc::ptr_eq(&a.route, &b.route)
+        && Arc::ptr_eq(&a.experiment, &b.experiment)
+        && Arc::ptr_eq(&a.variant, &b.variant)
+        && Arc::ptr_eq(&a.cluster, &b.cluster)
+        && Arc::ptr_eq(&a.endpoint, &b.endpoint)
+        && Arc::ptr_eq(&a.model_name, &b.model_name)
+        && Arc::ptr_eq(&a.model_version, &b.model_version)
+        && Arc::ptr_eq(&a.tenant_id, &b.tenant_id)
+        && a.status_class == b.status_class
+        && a.shadow == b.shadow
+}
+
+/// Telemetry instances, told apart in the per-thread cache (tests run several proxies).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 pub struct Telemetry {
+    /// This instance in [`RECENT`].
+    id: u64,
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     series: Mutex<SeriesMap>,
@@ -191,6 +222,7 @@ impl Telemetry {
         let recorder = b.build_recorder();
         let handle = recorder.handle();
         let t = Telemetry {
+            id: NEXT_ID.fetch_add(1, Relaxed),
             recorder,
             handle,
             series: Mutex::new(HashMap::default()),
@@ -309,6 +341,25 @@ impl Telemetry {
 
     /// Handles for a label set, registered on first use.
     pub fn series(&self, labels: &Labels) -> Arc<Series> {
+        let recent = RECENT.with(|r| {
+            r.borrow().iter().rev().find(|(id, l, _)| *id == self.id && same_strings(l, labels)).map(|(_, _, s)| s.clone())
+        });
+        if let Some(s) = recent {
+            return s;
+        }
+        let s = self.registered_series(labels);
+        RECENT.with(|r| {
+            let mut r = r.borrow_mut();
+            if r.len() >= RECENT_MAX {
+                r.remove(0);
+            }
+            r.push((self.id, labels.clone(), s.clone()));
+        });
+        s
+    }
+
+    /// The registry's handles for a label set (by content), registered on first use.
+    fn registered_series(&self, labels: &Labels) -> Arc<Series> {
         let mut h = FxHasher::default();
         std::hash::Hash::hash(labels, &mut h);
         let key = h.finish();
@@ -547,6 +598,25 @@ mod tests {
         assert!(parse_traceparent(&fresh).is_some(), "{}", std::str::from_utf8(&fresh).unwrap());
         assert_ne!(trace_id(&fresh), trace_id(&traceparent(None)), "new traces get new ids");
         assert!(parse_traceparent(b"00-00000000000000000000000000000000-00f067aa0ba902b7-01").is_none());
+    }
+
+    #[test]
+    fn the_per_thread_cache_returns_the_registry_series() {
+        let (t1, t2) = (Telemetry::new(&config::Node::default()), Telemetry::new(&config::Node::default()));
+        let a = Labels { variant: Arc::from("a"), status_class: "2xx", ..Default::default() };
+        // Equal strings in other allocations: a cache miss, but the same series by content.
+        let a2 = Labels { variant: Arc::from("a"), status_class: "2xx", ..Default::default() };
+        let s = t1.series(&a);
+        assert!(Arc::ptr_eq(&s, &t1.series(&a)), "cached");
+        assert!(Arc::ptr_eq(&s, &t1.series(&a2)), "content-equal labels share one series");
+        assert!(!Arc::ptr_eq(&s, &t2.series(&a)), "another proxy's telemetry has its own series");
+        let b = Labels { status_class: "5xx", ..a.clone() };
+        assert!(!Arc::ptr_eq(&s, &t1.series(&b)), "a different status class is a different series");
+        t1.finish(&a, Duration::from_millis(1), 0);
+        t1.finish(&a2, Duration::from_millis(1), 0);
+        let text = t1.render();
+        let line = text.lines().find(|l| l.starts_with("weft_requests_total{") && l.contains("variant=\"a\"") && l.contains("2xx")).unwrap();
+        assert!(line.ends_with(" 2"), "{line}");
     }
 
     #[test]
