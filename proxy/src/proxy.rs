@@ -71,10 +71,9 @@ async fn serve(
     let mut trace = telemetry::traceparent(req.headers().get(&TRACEPARENT).map(|v| v.as_bytes()));
     *span = otlp::start(&sh.telemetry, &req, &mut trace, start);
     // 1. Which service: by Host / :authority on this listener.
-    let authority = authority(&req).ok_or_else(|| {
-        Local::new(StatusCode::BAD_REQUEST, "missing_host", "the request has no Host header or :authority")
-    })?;
-    let host = authority.to_str().unwrap_or_default();
+    let missing = || Local::new(StatusCode::BAD_REQUEST, "missing_host", "the request has no Host header or :authority");
+    let authority = authority(&req).ok_or_else(missing)?;
+    let host = authority.to_str().map_err(|_| missing())?;
     let listener = &snap.listeners[li];
     let si = listener.hosts.lookup(host).ok_or_else(|| {
         Local::new(
@@ -679,14 +678,15 @@ impl Drop for Counted<'_> {
     }
 }
 
-/// The request's :authority (HTTP/2) or Host header, if present, non-empty and visible ASCII.
-/// A Host header is shared with the request (no copy): this runs on every request.
+/// The request's :authority (HTTP/2) or Host header, if present and non-empty (the caller
+/// checks it is visible ASCII). A Host header is shared with the request (no copy): this runs
+/// on every request.
 fn authority(req: &Request<Incoming>) -> Option<HeaderValue> {
     let v = match req.uri().authority() {
         Some(a) => HeaderValue::from_str(a.as_str()).ok()?,
         None => req.headers().get(header::HOST)?.clone(),
     };
-    (!v.is_empty() && v.to_str().is_ok()).then_some(v)
+    (!v.is_empty()).then_some(v)
 }
 
 fn header_str<'a>(h: &'a HeaderMap, name: Option<&HeaderName>) -> Option<&'a str> {

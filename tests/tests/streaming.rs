@@ -81,6 +81,12 @@ async fn large_upload_streams_through() {
     assert_eq!(resp.headers()["x-body-len"], (32 * 1024 * 1024).to_string());
 }
 
+/// POST `body` to the `sink` upstream's `/echo` through the proxy at `addr`; the echoed bytes.
+async fn echo(c: &HttpClient, addr: std::net::SocketAddr, body: &[u8]) -> Bytes {
+    let req = http::Request::post(format!("http://{addr}/echo")).header("host", "sink").body(full(body.to_vec())).unwrap();
+    c.request(req).await.unwrap().into_body().collect().await.unwrap().to_bytes()
+}
+
 /// HTTP/1.1 keep-alive on both hops, small requests and 1 MiB bodies mixed on the same
 /// connections. The vendored hyper (vendor/README.md) reads small messages into the room left
 /// in its read buffer instead of reserving a fresh one each time, and switches back to growing
@@ -95,12 +101,10 @@ async fn h1_keep_alive_mixes_small_and_large_bodies_byte_for_byte() {
         for i in 0..60 {
             // 0..~3 KiB: many messages per buffer, so the reads wrap around its end.
             let small: Vec<u8> = (0..i * 53).map(|j| (j + i + round) as u8).collect();
-            let req = http::Request::post(format!("http://{}/echo", p.listener_addrs[0])).header("host", "sink").body(full(small.clone())).unwrap();
-            let got = c.request(req).await.unwrap().into_body().collect().await.unwrap().to_bytes();
+            let got = echo(&c, p.listener_addrs[0], &small).await;
             assert!(got[..] == small[..], "round {round}, small body {i}: echoed bytes differ");
         }
-        let req = http::Request::post(format!("http://{}/echo", p.listener_addrs[0])).header("host", "sink").body(full(large.clone())).unwrap();
-        let got = c.request(req).await.unwrap().into_body().collect().await.unwrap().to_bytes();
+        let got = echo(&c, p.listener_addrs[0], &large).await;
         assert_eq!(got.len(), large.len(), "round {round}: large body length");
         assert!(got[..] == large[..], "round {round}: the large body's echoed bytes differ");
     }
