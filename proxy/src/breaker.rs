@@ -94,6 +94,18 @@ impl Breaker {
         }
     }
 
+    /// A probe that ends without a verdict (its client went away, or it was refused locally
+    /// before reaching an endpoint) gives its slot back. Without this, probes that never report
+    /// would hold half-open's slots for good and the cluster would refuse every request until
+    /// a restart.
+    pub fn abandon_probe(&mut self) {
+        if let State::HalfOpen { sent, ok } = &mut self.state
+            && *sent > *ok
+        {
+            *sent -= 1;
+        }
+    }
+
     /// Report an outcome. Returns the new state when it changed.
     pub fn record(&mut self, now_ms: u64, success: bool, probe: bool) -> Option<State> {
         let before = self.state;
@@ -162,6 +174,23 @@ mod tests {
         }
         assert_eq!(b.admit(6_000).0, Admit::Probe);
         assert_eq!(b.record(6_001, false, true), Some(State::Open { until_ms: 11_001 }));
+    }
+
+    #[test]
+    fn an_abandoned_probe_frees_its_slot() {
+        let mut b = breaker();
+        for i in 0..10 {
+            b.record(i, false, false);
+        }
+        assert_eq!(b.admit(6_000).0, Admit::Probe);
+        assert_eq!(b.admit(6_001).0, Admit::Probe);
+        assert_eq!(b.admit(6_002).0, Admit::No, "both slots taken");
+        assert_eq!(b.record(6_003, true, true), None);
+        b.abandon_probe();
+        assert_eq!(b.admit(6_004).0, Admit::Probe, "the abandoned slot is free again");
+        assert_eq!(b.record(6_005, true, true), Some(State::Closed));
+        b.abandon_probe();
+        assert_eq!(b.state(6_006), State::Closed, "abandoning outside half-open changes nothing");
     }
 
     #[test]

@@ -216,6 +216,13 @@ impl Cluster {
         }
     }
 
+    /// A half-open probe ended without a verdict: free its slot (see [`Breaker::abandon_probe`]).
+    pub fn abandon_probe(&self) {
+        if let Some(b) = &self.breaker {
+            b.lock().unwrap().abandon_probe();
+        }
+    }
+
     pub fn breaker_state(&self) -> Option<breaker::State> {
         self.breaker.as_ref().map(|b| b.lock().unwrap().state(now_ms()))
     }

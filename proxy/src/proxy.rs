@@ -74,6 +74,13 @@ async fn serve(
     let missing = || Local::new(StatusCode::BAD_REQUEST, "missing_host", "the request has no Host header or :authority");
     let authority = authority(&req).ok_or_else(missing)?;
     let host = authority.to_str().map_err(|_| missing())?;
+    if !valid_host(host) {
+        return Err(Local::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_host",
+            format!("the Host header or :authority {host:?} is not a host[:port]"),
+        ));
+    }
     let listener = &snap.listeners[li];
     let si = listener.hosts.lookup(host).ok_or_else(|| {
         Local::new(
@@ -215,7 +222,6 @@ impl ReqParts {
         let mut req = Request::new(body);
         *req.method_mut() = self.method.clone();
         *req.headers_mut() = if last { std::mem::take(&mut self.headers) } else { self.headers.clone() };
-        let pq = self.uri.path_and_query().map_or("/", |p| p.as_str());
         match proto {
             UpstreamProtocol::Http1 => {
                 // Origin form, sharing the parsed path's bytes instead of re-parsing a copy.
@@ -225,7 +231,13 @@ impl ReqParts {
                 *req.version_mut() = Version::HTTP_11;
             }
             UpstreamProtocol::Http2 => {
-                *req.uri_mut() = Uri::try_from(format!("http://{}{pq}", self.authority.to_str().unwrap_or_default())).unwrap_or_else(|_| Uri::from_static("/"));
+                // From parts, never by pasting strings: the path is the one routed on, whatever
+                // the Host holds (`valid_host` already refused one that is not an authority).
+                let mut p = http::uri::Parts::default();
+                p.scheme = Some(http::uri::Scheme::HTTP);
+                p.authority = http::uri::Authority::try_from(self.authority.as_bytes()).ok();
+                p.path_and_query = Some(self.uri.path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")));
+                *req.uri_mut() = Uri::from_parts(p).unwrap_or_else(|_| Uri::from_static("/"));
                 *req.version_mut() = Version::HTTP_2;
                 req.headers_mut().remove(header::HOST);
             }
@@ -336,15 +348,17 @@ async fn forward<'a>(
     let mut bodies = Bodies::new(body);
     let mut tried: Vec<usize> = Vec::new();
     let mut attempt = 0u32;
+    let mut retry: Option<Retry<'a>> = None;
     loop {
         attempt += 1;
-        let is_retry = attempt > 1;
-        let outcome = try_once(cluster, route, parts, &mut bodies, &tried, deadline, is_retry).await;
+        let slot = retry.take().map(|r| r.slot);
+        let outcome = try_once(cluster, route, parts, &mut bodies, &tried, deadline, slot).await;
         let (failure, ep) = match outcome {
             Ok(mut sent) => {
                 let status = sent.resp.status().as_u16();
                 let retryable = policy.is_some_and(|p| p.on.matches(Failure::Status(status)));
-                if !retryable || !may_retry(cluster, policy, attempt, &bodies, deadline) {
+                retry = if retryable { may_retry(cluster, policy, attempt, &bodies, deadline) } else { None };
+                if retry.is_none() {
                     sent.attempts = attempt;
                     return Ok(sent);
                 }
@@ -359,36 +373,60 @@ async fn forward<'a>(
             Err(TryError::Local(l)) => return Err(l),
             Err(TryError::Failed(f, ep, local)) => {
                 let retryable = policy.is_some_and(|p| p.on.matches(f));
-                if !retryable || !may_retry(cluster, policy, attempt, &bodies, deadline) {
+                retry = if retryable { may_retry(cluster, policy, attempt, &bodies, deadline) } else { None };
+                if retry.is_none() {
                     return Err(local);
                 }
                 (f, ep)
             }
         };
         tried.push(ep);
-        let p = policy.expect("only a policy makes a failure retryable");
         tracing::debug!(cluster = %cluster.name, ?failure, attempt, "retrying");
-        let wait = retry::backoff_ms(p.backoff_base_ms, p.backoff_max_ms, attempt, rand::random());
-        tokio::time::sleep(Duration::from_millis(wait)).await;
+        if let Some(r) = &retry {
+            tokio::time::sleep(r.wait).await;
+        }
     }
 }
 
-/// Whether one more try is allowed: attempts left, body replayable, time left, cluster
-/// `max_retries` not reached, and the retry budget grants it (checked last: it spends).
-fn may_retry(cluster: &Cluster, policy: Option<&RetryRt>, attempt: u32, bodies: &Bodies, deadline: Option<Instant>) -> bool {
-    let Some(p) = policy else { return false };
-    if attempt >= p.attempts || !bodies.replayable() || deadline.is_some_and(|d| Instant::now() >= d) {
-        return false;
+/// A granted retry: its backoff, and its place in the cluster's `max_retries`, taken when it
+/// was granted so that retries waiting out their backoff count too.
+struct Retry<'a> {
+    wait: Duration,
+    slot: Counted<'a>,
+}
+
+/// Whether one more try is allowed: attempts left, body replayable, the backoff ends before the
+/// route deadline, cluster `max_retries` not reached, and the retry budget grants it (checked
+/// last: it spends).
+fn may_retry<'a>(
+    cluster: &'a Cluster,
+    policy: Option<&RetryRt>,
+    attempt: u32,
+    bodies: &Bodies,
+    deadline: Option<Instant>,
+) -> Option<Retry<'a>> {
+    let p = policy?;
+    if attempt >= p.attempts || !bodies.replayable() {
+        return None;
     }
-    if cluster.retries_active.load(Relaxed) >= cluster.cfg.circuit_breaker.max_retries {
+    let wait = Duration::from_millis(retry::backoff_ms(p.backoff_base_ms, p.backoff_max_ms, attempt, rand::random()));
+    // A try that would start at or past the deadline cannot succeed; it would only reach the
+    // upstream and be charged to it as a timeout.
+    if deadline.is_some_and(|d| Instant::now() + wait >= d) {
+        return None;
+    }
+    let active = &cluster.retries_active;
+    if active.fetch_add(1, Relaxed) >= cluster.cfg.circuit_breaker.max_retries {
+        active.fetch_sub(1, Relaxed);
         cluster.count_overflow(Overflow::MaxRetries);
-        return false;
+        return None;
     }
+    let slot = Counted::adopt(active);
     if !p.budget.lock().unwrap().try_withdraw(now_ms()) {
         cluster.budget_exhausted.increment(1);
-        return false;
+        return None;
     }
-    true
+    Some(Retry { wait, slot })
 }
 
 enum TryError {
@@ -406,7 +444,7 @@ async fn try_once<'a>(
     bodies: &mut Bodies,
     tried: &[usize],
     deadline: Option<Instant>,
-    is_retry: bool,
+    _retry_slot: Option<Counted<'a>>,
 ) -> Result<Sent<'a>, TryError> {
     let limits = &cluster.cfg.circuit_breaker;
     if cluster.active.load(Relaxed) >= limits.max_requests {
@@ -418,7 +456,7 @@ async fn try_once<'a>(
     if admit == Admit::No {
         return Err(TryError::Local(overflow(cluster, Overflow::BreakerOpen)));
     }
-    let probe = admit == Admit::Probe;
+    let mut probe = ProbeTicket { cluster, armed: admit == Admit::Probe };
     let ep_i = cluster.pick(tried, now).ok_or_else(|| {
         TryError::Local(
             Local::new(StatusCode::SERVICE_UNAVAILABLE, "no_healthy_endpoint", match cluster.endpoints.len() {
@@ -435,7 +473,6 @@ async fn try_once<'a>(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    let _retry_guard = is_retry.then(|| Counted::new(&cluster.retries_active));
     let held = Held::take(cluster, ep_i);
     let last = route.retry.as_ref().is_none_or(|r| r.attempts <= 1);
     let attempt = parts.span.as_mut().map(|s| s.attempt(&mut parts.headers, &ep.label, ep.addr));
@@ -450,7 +487,7 @@ async fn try_once<'a>(
     match result {
         Ok((resp, h1)) => {
             ep.load.observe(started.elapsed().as_micros() as f64);
-            cluster.record(ep_i, Outcome::from_status(resp.status().as_u16()), probe, now);
+            cluster.record(ep_i, Outcome::from_status(resp.status().as_u16()), probe.verdict(), now);
             // `active`/in-flight are released when the response body ends (see finish_on_end),
             // or right here if the caller drops this response to retry.
             Ok(Sent { resp, ep: ep_i, held, h1, attempts: 0, attempt })
@@ -460,10 +497,35 @@ async fn try_once<'a>(
             if let Some(s) = &parts.span {
                 s.end_attempt(attempt, Err(a.kind()));
             }
-            if !matches!(a, Attempt::Overflow) {
-                cluster.record(ep_i, Outcome::GatewayError, probe, now);
+            // Only what the endpoint did counts against it: a request refused here (pending
+            // or connection limits, a body that cannot be replayed) never reached it.
+            if matches!(a, Attempt::Connect(_) | Attempt::Reset(_) | Attempt::Timeout) {
+                cluster.record(ep_i, Outcome::GatewayError, probe.verdict(), now);
             }
             Err(a.into_error(cluster, ep_i, deadline))
+        }
+    }
+}
+
+/// A half-open breaker's probe slot, held by the try it admitted: recorded with the try's
+/// outcome, or given back when the try ends without one (cancelled, refused locally, no
+/// endpoint), so that probes that never report cannot hold the breaker half-open for good.
+struct ProbeTicket<'a> {
+    cluster: &'a Cluster,
+    armed: bool,
+}
+
+impl ProbeTicket<'_> {
+    /// Whether the try was a probe; its outcome is being recorded, so the slot is settled.
+    fn verdict(&mut self) -> bool {
+        std::mem::take(&mut self.armed)
+    }
+}
+
+impl Drop for ProbeTicket<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.cluster.abandon_probe();
         }
     }
 }
@@ -663,10 +725,6 @@ fn overflow(cluster: &Cluster, o: Overflow) -> Local {
 /// An atomic count held for a scope.
 struct Counted<'a>(&'a std::sync::atomic::AtomicU32);
 impl<'a> Counted<'a> {
-    fn new(c: &'a std::sync::atomic::AtomicU32) -> Self {
-        c.fetch_add(1, Relaxed);
-        Counted(c)
-    }
     /// Take over a count already added.
     fn adopt(c: &'a std::sync::atomic::AtomicU32) -> Self {
         Counted(c)
@@ -676,6 +734,23 @@ impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Relaxed);
     }
+}
+
+/// Whether `h` is an authority without userinfo: `host[:port]` (RFC 9110 §7.2). The common
+/// shape (name or IPv4 address, optional numeric port) is checked byte by byte; anything else
+/// (IPv6 literals, percent-encoding, sub-delims) goes to the `http` crate's parser. Routing
+/// and the upstream URI both rely on it: a Host holding `/`, `?`, `#` or `@` would otherwise
+/// let a client choose the path an HTTP/2 upstream sees.
+fn valid_host(h: &str) -> bool {
+    let (name, port) = h.split_once(':').unwrap_or((h, "0"));
+    let name_ok = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    if name_ok && !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()) {
+        return true;
+    }
+    // `http` takes any digits after the colon; a port must also fit in 16 bits.
+    let has_port = h[h.rfind(']').map_or(0, |i| i + 1)..].contains(':');
+    !h.contains('@')
+        && http::uri::Authority::try_from(h).is_ok_and(|a| !a.host().is_empty() && (!has_port || a.port_u16().is_some()))
 }
 
 /// The request's :authority (HTTP/2) or Host header, if present and non-empty (the caller
@@ -792,6 +867,32 @@ impl Local {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_authorities_are_valid_hosts() {
+        for ok in ["svc", "svc.ns.svc.cluster.local", "svc:8080", "10.0.0.1:80", "[::1]", "[fe80::1]:443", "a_b"] {
+            assert!(valid_host(ok), "{ok:?}");
+        }
+        for bad in ["", ":80", "svc/x", "svc?", "svc#", "u@svc", "a b", "svc:8080:1", "svc:123456", "[::1", "svc\\x"] {
+            assert!(!valid_host(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_h2_upstream_gets_the_routed_path_whatever_the_host() {
+        let mut parts = ReqParts {
+            method: Method::GET,
+            uri: Uri::from_static("/public/infer?q=1"),
+            headers: HeaderMap::new(),
+            authority: HeaderValue::from_static("svc:8080"),
+            span: None,
+        };
+        let req = parts.build(UpstreamProtocol::Http2, ReqBody::full(Bytes::new()), false);
+        assert_eq!(req.uri().to_string(), "http://svc:8080/public/infer?q=1");
+        parts.authority = HeaderValue::from_static("[::1]:9");
+        let req = parts.build(UpstreamProtocol::Http2, ReqBody::full(Bytes::new()), true);
+        assert_eq!(req.uri().path_and_query().unwrap().as_str(), "/public/infer?q=1");
+    }
 
     #[test]
     fn hop_by_hop_headers_are_removed_but_te_trailers_kept() {

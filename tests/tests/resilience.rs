@@ -274,3 +274,37 @@ async fn a_cancelled_request_releases_its_cluster_counts() {
     }
     assert_eq!(last, (0, 0.0), "(active requests, endpoint in-flight) after the client went away");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_probe_whose_client_leaves_frees_its_slot() {
+    let up = Upstream::start("flaky").await;
+    let breaker = "    circuit_breaker: {error_rate: {threshold_pct: 50, min_requests: 5, window: 10s, open_duration: 300ms, half_open_probes: 1}}";
+    let p = start_proxy(&cluster_config(&[&up], "", breaker).replace("hosts: [svc]", "hosts: [\"*\"]"));
+    let c = client();
+    let addr = p.listener_addrs[0];
+    up.status.store(500, SeqCst);
+    for _ in 0..5 {
+        get(&c, addr, "svc", "/", &[]).await;
+    }
+    assert_eq!(get(&c, addr, "svc", "/", &[]).await.1["x-weft-overflow"], "breaker_open");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Half-open: the one probe goes to an upstream that answers only after 1.5 s, and its
+    // client resets the stream after 200 ms. The probe never gets a verdict.
+    up.status.store(0, SeqCst);
+    up.delay_ms.store(1500, SeqCst);
+    let req = http::Request::get(format!("http://{addr}/")).body(full("")).unwrap();
+    let gave_up = tokio::time::timeout(Duration::from_millis(200), h2_client().request(req)).await;
+    assert!(gave_up.is_err(), "the probe should still be waiting on the upstream");
+    up.delay_ms.store(0, SeqCst);
+    // Its slot came back: the next request probes, succeeds and closes the breaker. Before the
+    // fix every request got `breaker_open` for good.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (mut s, mut h, _) = get(&c, addr, "svc", "/", &[]).await;
+    while s != 200 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        (s, h, _) = get(&c, addr, "svc", "/", &[]).await;
+    }
+    assert_eq!(s, 200, "still refused: {:?}", h.get("x-weft-overflow"));
+    let clusters = admin_get(p.admin_addr, "/clusters").await.1;
+    assert!(clusters.contains("\"circuit_breaker\": \"closed\""), "{clusters}");
+}

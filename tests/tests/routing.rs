@@ -244,3 +244,24 @@ async fn random_bytes_never_take_the_proxy_down() {
     assert_eq!(s, 200, "still serving after 300 garbage connections");
     assert_eq!(admin_get(p.admin_addr, "/live").await.0, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_is_not_an_authority_gets_400() {
+    // A catch-all service: without the check, any Host would reach a route, and one holding
+    // `/` or `?` would choose the path an HTTP/2 upstream sees (the upstream URI is built from
+    // the Host and the routed path).
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let p = start_proxy(&ab_config(&a, &b, "", (1, 1)).replace("hosts: [ranker]", "hosts: [\"*\"]"));
+    let c = client();
+    for bad in ["svc/admin?", "svc#frag", "user@svc", "a b", "svc:port:80"] {
+        let (s, _, body) = get(&c, p.listener_addrs[0], bad, "/public", &[]).await;
+        assert_eq!(s, 400, "Host {bad:?}");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"], "invalid_host", "Host {bad:?}: {v}");
+    }
+    assert_eq!(a.hits() + b.hits(), 0, "nothing invalid went upstream");
+    for good in ["ranker", "ranker.ns.svc:8080", "127.0.0.1:80", "[::1]:8080", "xn--bcher-kva.example"] {
+        let (s, _, _) = get(&c, p.listener_addrs[0], good, "/public", &[]).await;
+        assert_eq!(s, 200, "Host {good:?}");
+    }
+}

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+use openraft::{Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 use redb::{ReadableDatabase, ReadableTable};
 
 use super::db::{self, KEY_COMMITTED, KEY_LAST_PURGED, KEY_VOTE, LOG, RAFT_META};
@@ -118,13 +118,25 @@ fn bound(b: Bound<&u64>) -> Bound<u64> {
     }
 }
 
-impl RaftLogReader<TypeConfig> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+/// Most bytes of log entries one AppendEntries carries (at least one entry always goes).
+/// openraft sends up to 300 entries per request, and entries hold up to 1 MiB (a batch) or a
+/// 4 MiB command: unbounded, a lagging follower's catch-up request could pass the 64 MiB body
+/// limit of `/raft/append`, be refused, and be resent the same way for good.
+pub const MAX_APPEND_BYTES: usize = 4 << 20;
+
+/// The rough size of an entry not yet in the file (its row is serialized by the writer).
+fn entry_size(e: &Entry<TypeConfig>) -> usize {
+    match &e.payload {
+        EntryPayload::Normal(p) => p.commands().iter().map(|c| c.size_hint()).sum(),
+        _ => 64,
+    }
+}
+
+impl LogStore {
+    /// Entries of `start..end` in order, from the tail and then the file, stopping (after at
+    /// least one) once `budget` bytes are passed.
+    fn read_entries(&self, start: Bound<u64>, end: Bound<u64>, budget: usize) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
         let rerr = |e| -> StorageError<NodeId> { StorageIOError::read_logs(e).into() };
-        let (start, end) = (bound(range.start_bound()), bound(range.end_bound()));
         // The tail first, then the file: the writer drops an entry from the tail only after
         // its commit, so an entry missing from this copy of the tail is in the file by the
         // time the read transaction below begins.
@@ -137,16 +149,41 @@ impl RaftLogReader<TypeConfig> for LogStore {
             None => end,
         };
         let mut out = Vec::new();
+        let mut bytes = 0usize;
         if !matches!((start, file_end), (Bound::Included(s), Bound::Excluded(e)) if s >= e) {
             let tx = self.db.begin_read().map_err(|e| rerr(db::any(e)))?;
             let t = tx.open_table(LOG).map_err(|e| rerr(db::any(e)))?;
             for item in t.range::<u64>((start, file_end)).map_err(|e| rerr(db::any(e)))? {
+                if bytes > budget {
+                    return Ok(out);
+                }
                 let (_k, v) = item.map_err(|e| rerr(db::any(e)))?;
+                bytes += v.value().len();
                 out.push(db::from_json(v.value()).map_err(|e| rerr(db::any(e)))?);
             }
         }
-        out.extend(pending.into_values());
+        for entry in pending.into_values() {
+            if bytes > budget {
+                break;
+            }
+            bytes += entry_size(&entry);
+            out.push(entry);
+        }
         Ok(out)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        self.read_entries(bound(range.start_bound()), bound(range.end_bound()), usize::MAX)
+    }
+
+    /// What replication reads for one AppendEntries: bounded by [`MAX_APPEND_BYTES`].
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        self.read_entries(Bound::Included(start), Bound::Excluded(end), MAX_APPEND_BYTES)
     }
 }
 

@@ -80,6 +80,9 @@ async fn run(raft: ConfigRaft, mut rx: mpsc::UnboundedReceiver<Pending>) {
             waiting.push_back(p);
         }
         let batch = take_batch(&mut waiting);
+        if batch.is_empty() {
+            continue; // every queued writer had left
+        }
         let cmds: Vec<Command> = batch.iter().map(|p| p.cmd.clone()).collect();
         let proposal = if cmds.len() == 1 {
             Proposal::One(cmds.into_iter().next().expect("one command"))
@@ -110,6 +113,11 @@ fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
     let mut bytes = 0;
     let mut rest = VecDeque::new();
     while let Some(p) = waiting.pop_front() {
+        // Its writer is gone (a client that gave up, a forwarder past its timeout): it was
+        // never acknowledged, and proposing it now, maybe long after, would surprise everyone.
+        if p.reply.is_closed() {
+            continue;
+        }
         let full = batch.len() >= MAX_BATCH || (!batch.is_empty() && bytes + p.cmd.size_hint() > MAX_BATCH_BYTES);
         if full {
             rest.push_back(p);
@@ -177,7 +185,8 @@ mod tests {
     use super::*;
 
     fn pending(kind: &str, name: &str, value: &str) -> Pending {
-        let (reply, _rx) = oneshot::channel();
+        let (reply, rx) = oneshot::channel();
+        std::mem::forget(rx); // a writer still waiting
         Pending {
             cmd: Command::Put {
                 kind: kind.into(),
@@ -215,6 +224,16 @@ mod tests {
         assert_eq!(names(&second), ["a=2"]);
         let third = take_batch(&mut q);
         assert_eq!(names(&third), ["a=3"]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_write_whose_writer_left_is_not_proposed() {
+        let (reply, rx) = oneshot::channel();
+        drop(rx);
+        let gone = Pending { cmd: pending("s", "gone", "1").cmd, reply };
+        let mut q: VecDeque<Pending> = [pending("s", "a", "1"), gone, pending("s", "b", "1")].into_iter().collect();
+        assert_eq!(names(&take_batch(&mut q)), ["a=1", "b=1"]);
         assert!(q.is_empty());
     }
 

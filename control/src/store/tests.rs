@@ -626,3 +626,29 @@ async fn a_purge_waits_for_the_snapshot_being_installed() {
     assert_eq!(purge.await.unwrap(), Some(upto));
     assert_eq!(sm.applied_state().await.unwrap().0, Some(upto));
 }
+
+/// A follower catching up gets the log in requests of bounded size: without the bound, one
+/// AppendEntries of 300 large entries passed the peer's body limit and was refused, then
+/// resent unchanged, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_reads_are_bounded_in_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let node = start(&path, 100_000).await;
+    let big = format!("\"{}\"", "x".repeat(1 << 20));
+    for i in 0..12 {
+        node.write(put("service", &format!("s{i}"), &big, None)).await.unwrap();
+    }
+    node.shutdown().await.unwrap();
+    let store = Store::open(&path).unwrap();
+    let mut log = store.log_store();
+    let all = log.try_get_log_entries(..).await.unwrap();
+    let (first, end) = (all[0].log_id.index, all.last().unwrap().log_id.index + 1);
+    let part = log.limited_get_log_entries(first, end).await.unwrap();
+    assert!(part.len() < all.len(), "{} of {} entries in one request", part.len(), all.len());
+    let bytes: usize = part.iter().map(|e| serde_json::to_vec(e).unwrap().len()).sum();
+    assert!(bytes <= log::MAX_APPEND_BYTES + (1 << 20) + 4096, "{bytes} bytes in one request");
+    assert_eq!(part[..], all[..part.len()], "a prefix of the range, in order");
+    let one = log.limited_get_log_entries(end - 1, end).await.unwrap();
+    assert_eq!(one.len(), 1, "one entry always goes, however large");
+}
