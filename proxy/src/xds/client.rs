@@ -175,7 +175,7 @@ impl Client {
             let _ = tx.try_send(request);
         }
         // Heartbeats and load reports ride on the same connection, for as long as the session.
-        let reports = tokio::spawn(super::report::run(
+        let reports = tokio::spawn(super::report::keep_running(
             channel.clone(),
             self.sh.clone(),
             self.node.id.clone(),

@@ -73,6 +73,30 @@ fn gauges(sh: &Shared) -> BTreeMap<VariantKey, Gauges> {
     out
 }
 
+/// Runs the report stream on `channel` for as long as the session lasts, reopening it when it
+/// ends (the first report of each stream registers again). Without this, a report stream that
+/// failed on its own left the ADS stream up but sent no more heartbeats: the control plane's
+/// failure detector then took this sidecar's endpoints out of every other sidecar's rotation.
+pub async fn keep_running(
+    channel: Channel,
+    sh: Arc<Shared>,
+    node_id: String,
+    registration: Option<v1::Registration>,
+    interval: Duration,
+) {
+    let mut failures = 0u32;
+    loop {
+        let started = tokio::time::Instant::now();
+        let why = run(channel.clone(), sh.clone(), node_id.clone(), registration.clone(), interval).await;
+        // A stream that lasted a few intervals worked: retry soon. Otherwise back off, up to
+        // 8 intervals, so a control node that refuses reports is not hammered.
+        failures = if started.elapsed() > interval * 4 { 1 } else { (failures + 1).min(4) };
+        let wait = interval.mul_f64(f64::from(1u32 << (failures - 1)) * rand::random_range(0.5..1.0));
+        tracing::warn!(error = %why, wait_ms = wait.as_millis() as u64, "report stream ended; reopening it");
+        tokio::time::sleep(wait).await;
+    }
+}
+
 /// Runs the report stream on `channel` until it fails; returns why.
 pub async fn run(
     channel: Channel,

@@ -6,9 +6,10 @@
 //! (a new cluster, its endpoints and the route that uses it). The server pushes all types of
 //! a revision back to back, so the IO loop hands them over as one batch, and the batch is
 //! first applied as a whole: one swap, no intermediate config that would be invalid or route
-//! to half of a change. Only if that fails are the types tried one at a time (repeatedly, so
-//! any order that works is found), and the ones that still fail are NACKed with their own
-//! error while the rest are ACKed.
+//! to half of a change. If that fails, the batch less one type is tried for each type (so
+//! types that only work together still pass beside a bad one), then the types one at a time
+//! (repeatedly, so any order that works is found); the ones that still fail are NACKed with
+//! their own error while the rest are ACKed.
 
 use weft_xds::subscription::Verdict;
 use weft_xds::transport::DiscoveryResponse;
@@ -81,6 +82,25 @@ impl State {
                 open.clear();
             }
             Err(_) => {}
+        }
+
+        // All but one: a change spanning types (a cluster renamed and the route moved to it)
+        // still goes through when an unrelated type of the same revision is bad. Tried one
+        // type at a time, each half would fail without the other, both would be NACKed, and the
+        // server does not push a NACKed version again.
+        if open.len() > 2 {
+            for skip in open.clone() {
+                let mut most = self.accepted.clone();
+                for &i in open.iter().filter(|&&i| i != skip) {
+                    let _ = most.set(&batch[i].type_url, &batch[i].resources);
+                }
+                if let Ok(v) = self.try_apply(most, &mut apply) {
+                    applied = v.or(applied);
+                    open.iter().filter(|&&i| i != skip).for_each(|&i| verdicts[i] = Some(Ok(())));
+                    open = vec![skip];
+                    break;
+                }
+            }
         }
 
         // One type at a time, until no more progress.
@@ -231,6 +251,20 @@ mod tests {
         assert_eq!(out.verdicts[..2].to_vec(), vec![Ok::<(), String>(()), Ok(())]);
         assert_eq!(out.verdicts[2], Err("clusters.b.endpoints: at least one endpoint is required".into()));
         assert_eq!(st.accepted().clusters.len(), 1);
+    }
+
+    #[test]
+    fn types_that_need_each_other_pass_beside_a_bad_one() {
+        let mut applied = Vec::new();
+        let mut st = State::new(bootstrap());
+        st.absorb(&[clusters(&["a"]), endpoints(&["a", "b"]), services("a")], validator(&mut applied));
+        // Cluster a renamed to b and the route moved with it: neither works alone (the route
+        // would lose its cluster, or point at one that does not exist yet). The endpoints of
+        // the same revision are bad.
+        let out = st.absorb(&[clusters(&["b"]), services("b"), endpoints(&[])], validator(&mut applied));
+        assert_eq!(out.verdicts[..2].to_vec(), vec![Ok::<(), String>(()), Ok(())], "{out:?}");
+        assert!(out.verdicts[2].is_err());
+        assert_eq!(st.accepted().services[0].routes[0].cluster.as_deref(), Some("b"));
     }
 
     #[test]

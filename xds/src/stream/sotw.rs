@@ -2,6 +2,8 @@
 //! the type's version; the client's `version_info` says what it runs, so a reconnecting client
 //! that already runs the current version gets nothing until the next change.
 
+use std::time::{Duration, Instant};
+
 use super::{Answer, InFlight, Mode, Nonces, answer, past_nack};
 use crate::cache::{Feedback, Snapshot};
 use crate::transport::{DiscoveryRequest, DiscoveryResponse};
@@ -20,6 +22,30 @@ pub struct TypeState {
     nacked: Option<u64>,
     /// The subscription changed: answer even if the version did not.
     names_changed: bool,
+    /// Since when the client has run a newer version than this node has (see [`AHEAD_LIMIT`]).
+    ahead_since: Option<Instant>,
+}
+
+/// How long a node that lags behind a client's version holds its older config back. Versions
+/// are revisions of the one Raft log, so a client ahead of this node got them from a node
+/// further along (it failed over from the leader to a follower still catching up): pushing
+/// now would roll it back. Past this limit the node pushes anyway: a client ahead for that long
+/// is taken to have known a control plane that was since rebuilt, whose revisions started over.
+pub const AHEAD_LIMIT: Duration = Duration::from_secs(60);
+
+/// Whether to hold back this node's `version` of a type from a client running `theirs`.
+fn hold_back(state: &mut TypeState, theirs: &str, version: u64, revision: u64) -> bool {
+    let Ok(theirs) = theirs.parse::<u64>() else { return false };
+    if theirs <= version {
+        return false;
+    }
+    if revision >= theirs {
+        // This node has seen the client's revision and the type has not changed since its own
+        // `version`: the client already runs this content.
+        return true;
+    }
+    let since = *state.ahead_since.get_or_insert_with(Instant::now);
+    since.elapsed() < AHEAD_LIMIT
 }
 
 impl Mode for Sotw {
@@ -74,10 +100,14 @@ impl Mode for Sotw {
             return None;
         }
         let version_info = version.to_string();
-        if !state.names_changed && state.client_version == version_info {
+        if !state.names_changed
+            && (state.client_version == version_info
+                || hold_back(state, &state.client_version.clone(), version, snapshot.revision()))
+        {
             return None;
         }
         state.names_changed = false;
+        state.ahead_since = None;
         let resources = snapshot
             .entries(type_url)
             .into_iter()
@@ -141,6 +171,36 @@ mod tests {
         let ack = st.on_request(request(CLUSTER, "1", &push.nonce), &s1, &NodeStatus::default()).unwrap();
         assert_eq!(ack.feedback, Some(Feedback::Ack { type_url: CLUSTER.into(), version: "1".into() }));
         assert!(ack.responses.is_empty(), "nothing new to push after an ACK");
+    }
+
+    #[test]
+    fn a_node_behind_the_client_does_not_roll_it_back() {
+        // The client ran clusters at version 9 on another node; this one is still at revision 6.
+        let s6 = snapshot(&Snapshot::default(), 6, &[("a", "old")], &[]);
+        let mut st = SotwStream::default();
+        let reply = st.on_request(request(CLUSTER, "9", ""), &s6, &NodeStatus::default()).unwrap();
+        assert!(reply.responses.is_empty(), "version 6 would roll the client back: {reply:?}");
+        // Caught up to revision 9, where clusters last changed at 9: the client runs that.
+        let s9 = snapshot(&s6, 9, &[("a", "new")], &[]);
+        assert!(st.on_snapshot(&s9).is_empty(), "the client already runs version 9");
+        // Caught up past it without a cluster change (clusters stay at 9), then a new change.
+        let s11 = snapshot(&s9, 11, &[("a", "new")], &["l"]);
+        assert!(st.on_snapshot(&s11).is_empty());
+        let s12 = snapshot(&s11, 12, &[("a", "newer")], &["l"]);
+        assert_eq!(one(Reply { feedback: None, responses: st.on_snapshot(&s12) }).version_info, "12");
+    }
+
+    #[test]
+    fn a_client_ahead_with_the_same_content_gets_nothing() {
+        // Another node versioned the same clusters at 12 (its first snapshot after a restart);
+        // this node has them at 5 and is at revision 14: nothing to send.
+        let s14 = snapshot(&snapshot(&Snapshot::default(), 5, &[("a", "1")], &[]), 14, &[("a", "1")], &["l"]);
+        let mut st = SotwStream::default();
+        let reply = st.on_request(request(CLUSTER, "12", ""), &s14, &NodeStatus::default()).unwrap();
+        assert!(reply.responses.is_empty(), "{reply:?}");
+        // A client with no version, or an opaque one, gets the push as before.
+        let mut fresh = SotwStream::default();
+        assert_eq!(one(fresh.on_request(request(CLUSTER, "", ""), &s14, &NodeStatus::default()).unwrap()).version_info, "5");
     }
 
     #[test]
