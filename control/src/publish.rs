@@ -19,6 +19,9 @@ use crate::store::{Node, Resource, StoreError};
 pub struct Publisher {
     mirror: BTreeMap<(String, String), Resource>,
     builder: XdsBuilder,
+    /// A refresh failed part way: the changed keys it had taken are gone, so the next one
+    /// reads everything (otherwise those resources stayed stale until written again).
+    resync: bool,
 }
 
 impl Publisher {
@@ -27,8 +30,28 @@ impl Publisher {
     pub fn publish(&mut self, node: &Node, cache: &weft_xds::Cache) -> Result<u64, StoreError> {
         let sm = node.local();
         let (revision, changes) = sm.take_changes()?;
+        let everything = changes.everything || std::mem::take(&mut self.resync);
+        let refreshed = self.refresh(sm, everything, changes.keys);
+        if refreshed.is_err() {
+            self.resync = true;
+        }
+        refreshed?;
+        let resources = self.builder.build(self.mirror.values());
+        // A revision the cache already has (nothing new applied) is not an error.
+        let _ = cache.set(revision, resources);
+        Ok(revision)
+    }
+
+    /// Brings the mirror up to date: every resource, or only the `changed` keys.
+    #[allow(clippy::result_large_err)]
+    fn refresh(
+        &mut self,
+        sm: &crate::store::StateMachineStore,
+        everything: bool,
+        changed: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(), StoreError> {
         let kinds = || Kind::ALL.iter().map(|k| k.as_str()).chain([REGISTRATIONS]);
-        if changes.everything {
+        if everything {
             self.mirror.clear();
             for kind in kinds() {
                 for r in sm.list(kind)? {
@@ -36,17 +59,14 @@ impl Publisher {
                 }
             }
         } else {
-            for (kind, name) in changes.keys {
+            for (kind, name) in changed {
                 match sm.get(&kind, &name)? {
                     Some(r) => self.mirror.insert((kind, name), r),
                     None => self.mirror.remove(&(kind, name)),
                 };
             }
         }
-        let resources = self.builder.build(self.mirror.values());
-        // A revision the cache already has (nothing new applied) is not an error.
-        let _ = cache.set(revision, resources);
-        Ok(revision)
+        Ok(())
     }
 }
 

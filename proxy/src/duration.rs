@@ -30,19 +30,33 @@ pub fn parse(s: &str) -> Result<Duration, String> {
         format!("duration {s:?} has no unit: write e.g. \"250ms\", \"2s\", \"5m\"")
     })?;
     let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("duration {s:?}: {num:?} is not a number"))?;
-    let secs = match unit {
-        "us" | "µs" => n / 1e6,
-        "ms" => n / 1e3,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
+    let unit_ns: u64 = match unit {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
         _ => return Err(format!("duration {s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
     };
-    if !secs.is_finite() || secs > 10.0 * 365.0 * 86400.0 {
-        return Err(format!("duration {s:?} is out of range"));
+    let out_of_range = || format!("duration {s:?} is out of range");
+    const MAX_NS: u64 = 10 * 365 * 86400 * 1_000_000_000;
+    // Whole numbers exactly (what `Dur` writes back reads back the same); fractions via f64.
+    let ns = match num.parse::<u64>() {
+        Ok(n) => n.checked_mul(unit_ns).ok_or_else(out_of_range)?,
+        Err(_) => {
+            let n: f64 = num.parse().map_err(|_| format!("duration {s:?}: {num:?} is not a number"))?;
+            let ns = (n * unit_ns as f64).round();
+            if !ns.is_finite() || ns > MAX_NS as f64 {
+                return Err(out_of_range());
+            }
+            ns as u64
+        }
+    };
+    if ns > MAX_NS {
+        return Err(out_of_range());
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(Duration::from_nanos(ns))
 }
 
 impl fmt::Debug for Dur {
@@ -53,15 +67,15 @@ impl fmt::Debug for Dur {
 
 impl fmt::Display for Dur {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ms = self.0.as_millis();
-        if ms == 0 && self.0.is_zero() {
-            write!(f, "0")
-        } else if ms.is_multiple_of(1000) {
-            write!(f, "{}s", ms / 1000)
-        } else if ms > 0 {
-            write!(f, "{ms}ms")
-        } else {
-            write!(f, "{}us", self.0.as_micros())
+        // In the largest unit that holds it exactly: what is written (config dumps, the saved
+        // xDS config) reads back as the same duration.
+        let ns = self.0.as_nanos();
+        match ns {
+            0 => write!(f, "0"),
+            _ if ns.is_multiple_of(1_000_000_000) => write!(f, "{}s", ns / 1_000_000_000),
+            _ if ns.is_multiple_of(1_000_000) => write!(f, "{}ms", ns / 1_000_000),
+            _ if ns.is_multiple_of(1_000) => write!(f, "{}us", ns / 1_000),
+            _ => write!(f, "{ns}ns"),
         }
     }
 }
@@ -117,5 +131,13 @@ mod tests {
             let d = Dur(parse(s).unwrap());
             assert_eq!(Dur(parse(&d.to_string()).unwrap()), d);
         }
+        // Sub-millisecond and odd values too (they were written rounded: 1.5 ms as "1ms",
+        // 500 ns as "0us", which a saved xDS config then read back as 0 and rejected).
+        for d in [Duration::from_nanos(500), Duration::from_micros(1500), Duration::from_nanos(1_000_000_001), Duration::from_secs(36_000)] {
+            let written = Dur(d).to_string();
+            assert_eq!(parse(&written).unwrap(), d, "{written}");
+        }
+        assert_eq!(Dur(Duration::from_micros(1500)).to_string(), "1500us");
+        assert_eq!(parse("1.5ms").unwrap(), Duration::from_micros(1500));
     }
 }

@@ -35,6 +35,10 @@ const BATCH_MAX: usize = 8;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// HTTP/2 pings detect a control node that vanished without closing the connection.
 const KEEPALIVE: Duration = Duration::from_secs(10);
+/// A stream that ends sooner than this after it opened counts as a failed attempt, even if
+/// pushes arrived: a control node that crash-loops (or drops every stream after its first push)
+/// is then retried with backoff rather than at once, forever.
+const STABLE: Duration = Duration::from_secs(5);
 /// A full config can be large (thousands of endpoints); tonic's 4 MiB default is too small.
 const MAX_MESSAGE: usize = 64 << 20;
 
@@ -102,12 +106,16 @@ impl Client {
         let mut failed_in_a_row = 0;
         for addr in servers.iter().cycle() {
             let mut received = false;
+            let opened = Instant::now();
             let err = self.session(addr, &mut received).await;
-            if received {
+            if received && opened.elapsed() >= STABLE {
                 // It worked for a while: start over with short delays.
                 backoff.reset();
                 failed_in_a_row = 0;
                 tracing::warn!(control = %addr, error = %err, "xDS stream ended; failing over");
+            } else if received {
+                failed_in_a_row += 1;
+                tracing::warn!(control = %addr, error = %err, "xDS stream ended soon after it opened; failing over");
             } else {
                 failed_in_a_row += 1;
                 tracing::warn!(control = %addr, error = %err, "xDS control node unavailable");

@@ -95,6 +95,13 @@ fn overlay<T: Clone>(base: &mut Vec<T>, pushed: &[T], name: impl Fn(&T) -> &Stri
 /// Decodes and converts every resource of one response, refusing two with the same name
 /// (SotW sends each resource once; a repeat means a broken server, and "last one wins" would
 /// hide it).
+/// A number must be finite even where this sidecar does not use it (a service for another
+/// listener): the saved config is JSON, which has no NaN, and a NaN saved as `null` made the
+/// whole file unreadable after a restart.
+fn finite(field: &str, v: f64) -> Result<f64, String> {
+    if v.is_finite() { Ok(v) } else { Err(format!("{field}: {v} is not a finite number")) }
+}
+
 fn convert_all<R: Resource, T>(
     resources: &[Any],
     kind: &str,
@@ -211,7 +218,7 @@ fn error_rate(f: &str, er: v1::ErrorRate) -> Result<config::ErrorRate, String> {
     let d = config::ErrorRate::default();
     let f = format!("{f}.circuit_breaker.error_rate");
     Ok(config::ErrorRate {
-        threshold_pct: er.threshold_pct.unwrap_or(d.threshold_pct),
+        threshold_pct: finite(&format!("{f}.threshold_pct"), er.threshold_pct.unwrap_or(d.threshold_pct))?,
         min_requests: er.min_requests.unwrap_or(d.min_requests),
         window: dur_or(&format!("{f}.window"), &er.window, d.window)?,
         open_duration: dur_or(&format!("{f}.open_duration"), &er.open_duration, d.open_duration)?,
@@ -246,7 +253,7 @@ pub fn experiment(e: v1::Experiment) -> Result<config::Experiment, String> {
             Ok::<_, String>(config::Shadow {
                 cluster: s.cluster,
                 variant: s.variant.unwrap_or(sd.variant),
-                fraction: s.fraction,
+                fraction: finite(&format!("{f}.shadow.fraction"), s.fraction)?,
                 max_body_bytes: size(&format!("{f}.shadow.max_body_bytes"), s.max_body_bytes, sd.max_body_bytes)?,
                 timeout: dur_or(&format!("{f}.shadow.timeout"), &s.timeout, sd.timeout)?,
             })
@@ -303,7 +310,7 @@ fn route(service: &str, r: v1::Route) -> Result<config::Route, String> {
                 on: if p.on.is_empty() { d.on } else { p.on },
                 backoff_base: dur_or(&format!("{rf}.backoff_base"), &p.backoff_base, d.backoff_base)?,
                 backoff_max: dur_or(&format!("{rf}.backoff_max"), &p.backoff_max, d.backoff_max)?,
-                budget_ratio: p.budget_ratio.unwrap_or(d.budget_ratio),
+                budget_ratio: finite(&format!("{rf}.budget_ratio"), p.budget_ratio.unwrap_or(d.budget_ratio))?,
                 budget_min_per_sec: p.budget_min_per_sec.unwrap_or(d.budget_min_per_sec),
                 buffer_bytes: size(&format!("{rf}.buffer_bytes"), p.buffer_bytes, d.buffer_bytes)?,
             })
@@ -377,6 +384,20 @@ clusters: [{name: a, endpoints: ["127.0.0.1:1"]}]
         let p = route("services.s", v1::Route { retry: Some(Default::default()), ..Default::default() }).unwrap();
         assert_eq!(p.retry, Some(config::RetryPolicy::default()));
         assert_eq!(p.timeout, None, "absent route timeout stays absent: the snapshot applies 60s");
+    }
+
+    #[test]
+    fn a_number_that_is_not_finite_is_refused_naming_the_field() {
+        let nan = v1::Cluster {
+            name: "c".into(),
+            circuit_breaker: Some(v1::CircuitBreaker {
+                error_rate: Some(v1::ErrorRate { threshold_pct: Some(f64::NAN), ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = cluster(nan).unwrap_err();
+        assert!(e.contains("clusters.c.circuit_breaker.error_rate.threshold_pct"), "{e}");
     }
 
     #[test]

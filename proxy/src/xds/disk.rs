@@ -28,7 +28,11 @@ pub fn save(path: &Path, node: &str, resources: &Dynamic) -> Result<(), String> 
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&body)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        // The rename itself is durable only once the directory is: without this, a power
+        // loss could bring the previous file back.
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::File::open(dir)?.sync_all()
     };
     write().map_err(|e| {
         let _ = std::fs::remove_file(&tmp);

@@ -35,7 +35,8 @@ pub struct XdsOptions {
     pub node_id: String,
     /// Where the last good pushed config is saved; `None` = not saved.
     pub cache_path: Option<PathBuf>,
-    /// Wait after a round in which no control node answered; doubles up to `backoff_max`.
+    /// Wait after a round in which no control node answered (or each stream ended within 5 s of
+    /// opening); doubles up to `backoff_max`.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
     /// The inbound endpoint this sidecar fronts, registered with the control plane so other
