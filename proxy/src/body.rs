@@ -71,6 +71,12 @@ impl Recorder {
         self.done.notify_waiters();
     }
 
+    /// The body's length, once it was read to the end within the limit.
+    pub fn complete_len(&self) -> Option<usize> {
+        let s = self.state.lock().unwrap();
+        (s.status == RecStatus::Complete).then_some(s.len)
+    }
+
     /// The whole body, if it was read to the end within the limit.
     pub fn replay(&self) -> Option<Bytes> {
         let s = self.state.lock().unwrap();

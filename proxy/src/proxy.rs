@@ -279,6 +279,9 @@ impl Prepared {
 struct Bodies {
     first: Option<ReqBody>,
     replay: Replay,
+    /// The retry policy's `buffer_bytes`: the recorder may hold more (its limit is the larger
+    /// of this and the shadow's), but a retry replays no body above this.
+    limit: usize,
 }
 
 enum Replay {
@@ -288,12 +291,13 @@ enum Replay {
 }
 
 impl Bodies {
-    fn new(p: Prepared) -> Bodies {
+    fn new(p: Prepared, limit: usize) -> Bodies {
         match p {
-            Prepared::Empty => Bodies { first: Some(ReqBody::full(Bytes::new())), replay: Replay::Empty },
+            Prepared::Empty => Bodies { first: Some(ReqBody::full(Bytes::new())), replay: Replay::Empty, limit },
             Prepared::Stream { body, recorder } => Bodies {
                 replay: recorder.clone().map_or(Replay::Impossible, Replay::Recorded),
                 first: Some(ReqBody::Stream { inner: body, recorder }),
+                limit,
             },
         }
     }
@@ -305,7 +309,7 @@ impl Bodies {
         }
         match &self.replay {
             Replay::Empty => Some(ReqBody::full(Bytes::new())),
-            Replay::Recorded(r) => r.replay().map(ReqBody::full),
+            Replay::Recorded(r) => r.replay().filter(|b| b.len() <= self.limit).map(ReqBody::full),
             Replay::Impossible => None,
         }
     }
@@ -315,7 +319,7 @@ impl Bodies {
         self.first.is_some()
             || match &self.replay {
                 Replay::Empty => true,
-                Replay::Recorded(r) => r.replay().is_some(),
+                Replay::Recorded(r) => r.complete_len().is_some_and(|n| n <= self.limit),
                 Replay::Impossible => false,
             }
     }
@@ -345,7 +349,7 @@ async fn forward<'a>(
     if let Some(p) = policy {
         p.budget.lock().unwrap().record_request(clock::ms_of(start));
     }
-    let mut bodies = Bodies::new(body);
+    let mut bodies = Bodies::new(body, policy.map_or(0, |p| p.buffer_bytes));
     let mut tried: Vec<usize> = Vec::new();
     let mut attempt = 0u32;
     let mut retry: Option<Retry<'a>> = None;

@@ -57,13 +57,15 @@ pub(crate) fn spawn(
     labels.cluster = cluster.name.clone();
     labels.shadow = true;
     let timeout = s.timeout;
+    let max_body = s.max_body_bytes;
     let sh = sh.clone();
     tokio::spawn(async move {
         let start = Instant::now();
         let run = async {
             let data = match &recorder {
                 None => Bytes::new(),
-                Some(r) => r.wait_complete(timeout).await.ok_or("body_too_large")?,
+                // The recorder's limit may be the retry buffer's, if larger: hold the shadow's.
+                Some(r) => r.wait_complete(timeout).await.filter(|d| d.len() <= max_body).ok_or("body_too_large")?,
             };
             let ep_i = cluster.pick(&[], crate::clock::now_ms()).ok_or("no_healthy_endpoint")?;
             let ep = &cluster.endpoints[ep_i];

@@ -80,3 +80,20 @@ async fn shadow_respects_fraction_and_body_bound() {
     let m = admin_get(p.admin_addr, "/metrics").await.1;
     assert!(metric_sum(&m, "weft_shadow_skipped_total", &[("reason", "body_too_large")]) >= 1.0, "{m}");
 }
+
+/// The body recorder serves retries and the shadow with the larger of their limits; each must
+/// still hold its own. A body over the shadow's `max_body_bytes` but within the retry buffer
+/// is not copied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shadow_holds_its_own_body_limit_beside_a_larger_retry_buffer() {
+    let (primary, shadow) = (Upstream::start("a").await, Upstream::start("shadow").await);
+    let cfg = shadow_config(&primary, shadow.addr, 1.0)
+        .replace("routes: [{name: r, experiment: e}]", "routes: [{name: r, experiment: e, retry: {buffer_bytes: 65536}}]");
+    let p = start_proxy(&cfg);
+    timed_gets(p.listener_addrs[0], 3, Some(4096)).await;
+    timed_gets(p.listener_addrs[0], 2, Some(512)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(shadow.hits(), 2, "only the bodies within the shadow's 1 KiB were copied");
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert_eq!(metric_sum(&m, "weft_shadow_skipped_total", &[("reason", "body_too_large")]), 3.0, "{m}");
+}
