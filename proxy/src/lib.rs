@@ -140,7 +140,18 @@ impl Shared {
         }
         cfg.admin.address = cur.config.admin.address.clone();
         let snap = Snapshot::compile(cfg, Some(&cur), self.workers, &self.telemetry)?;
-        self.telemetry.configure(&snap.config.telemetry)?;
+        // Reconfigured on every apply (a SIGHUP after log rotation reopens the access log), but
+        // an unchanged section that cannot be set up again (the log's directory is gone, say)
+        // keeps the running one rather than refusing the config: otherwise every xDS push
+        // would be NACKed for a reason local to this sidecar. `configure` changes nothing
+        // when it fails.
+        match self.telemetry.configure(&snap.config.telemetry) {
+            Ok(()) => {}
+            Err(e) if snap.config.telemetry == cur.config.telemetry => {
+                tracing::warn!(error = %e, "telemetry unchanged and could not be set up again; keeping the running one")
+            }
+            Err(e) => return Err(e),
+        }
         let v = snap.version;
         self.snapshot.store(Arc::new(snap));
         Ok(v)

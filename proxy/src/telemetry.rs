@@ -284,11 +284,13 @@ impl Telemetry {
         } else {
             None
         };
+        // The exporter last: it is the other step that can fail, and nothing has changed yet.
+        self.set_otlp(t.otlp.as_ref())?;
         *self.access_log.lock().unwrap() = log;
         // Already-admitted tenants keep their label when the limit shrinks: relabelling a live
         // series would break its counters.
         self.tenant_limit.store(t.tenant_top_n, Relaxed);
-        self.set_otlp(t.otlp.as_ref())
+        Ok(())
     }
 
     /// Start, replace or stop the OTLP exporter. An unchanged section keeps the running one; a

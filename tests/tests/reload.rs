@@ -145,3 +145,26 @@ async fn binary_reloads_on_file_change_and_sighup_and_drains() {
     assert!(status.success(), "{status:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A telemetry section that cannot be set up again (the access log's directory is gone) does
+/// not block unrelated changes while it is unchanged: over xDS that would NACK every push.
+/// Changing the section to something that cannot be set up is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_telemetry_section_that_cannot_be_reopened_does_not_block_reloads() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("logs");
+    std::fs::create_dir(&log).unwrap();
+    let with_log = |wa, wb, sample: &str| {
+        config("127.0.0.1:0", "127.0.0.1:0", &a, &b, wa, wb)
+            + &format!("telemetry: {{access_log: {{enabled: true, sample: {sample}, path: \"{}\"}}}}\n", log.join("access.log").display())
+    };
+    let p = start_proxy(&with_log(1, 0, "1.0"));
+    std::fs::remove_dir_all(&log).unwrap();
+    let v = p.reload(weft_proxy::Config::from_yaml(&with_log(0, 1, "1.0")).unwrap());
+    assert_eq!(v, Ok(2), "only the weights changed");
+    let (s, h, _) = get(&client(), p.listener_addrs[0], "s", "/", &[]).await;
+    assert_eq!((s.as_u16(), h["x-weft-variant"].to_str().unwrap()), (200, "b"));
+    let err = p.reload(weft_proxy::Config::from_yaml(&with_log(0, 1, "0.5")).unwrap()).unwrap_err();
+    assert!(err.contains("telemetry.access_log.path"), "{err}");
+}
