@@ -665,7 +665,12 @@ async fn exchange(
                         .await
                         .map(|r| (r, Some(sender)))
                         .map_err(|e| Attempt::Reset(e.to_string())),
-                    Err(_) => Err(Attempt::Connect("reconnect after stale pooled connection failed".into())),
+                    Err(_) => {
+                        // Never sent: the body goes back for the next try (it may be the only
+                        // copy of a streamed body).
+                        bodies.first = Some(req.into_body());
+                        Err(Attempt::Connect("reconnect after stale pooled connection failed".into()))
+                    }
                 }
             }
         },
