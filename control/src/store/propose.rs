@@ -31,6 +31,11 @@ pub const MAX_BATCH_BYTES: usize = 1 << 20;
 /// 64 writers get 21-30% more writes/s than with one (bench/README.md, raft-write). On a fast
 /// disk, where the store is CPU-bound, batches are half as large and cost ~2.5% of throughput.
 const IN_FLIGHT: usize = 2;
+/// Longest a writer waits for its entry to commit. openraft 0.9 keeps a leader that lost its
+/// quorum in office, so without a bound its writers would wait for as long as the partition
+/// lasts; they get a 503 instead. Below the 30 s a follower waits on a forwarded write, so
+/// that caller sees this answer rather than the forwarder's timeout.
+pub const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// What a writer gets back: the revision and whether the write changed anything.
 pub type Reply = Result<(u64, bool), StoreError>;
@@ -54,14 +59,21 @@ impl Proposer {
         Self { tx }
     }
 
-    /// Queues `cmd` and waits until its entry is committed and applied (or refused).
+    /// Queues `cmd` and waits until its entry is committed and applied (or refused), at most
+    /// [`COMMIT_TIMEOUT`]. A write that times out while still queued is never proposed (its
+    /// writer has left, see `take_batch`); one already proposed may still be applied.
     pub async fn write(&self, cmd: Command) -> Reply {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Pending { cmd, reply })
             .map_err(|_| StoreError::Raft("the store is shutting down".into()))?;
-        rx.await
-            .unwrap_or_else(|_| Err(StoreError::Raft("the store is shutting down".into())))
+        match tokio::time::timeout(COMMIT_TIMEOUT, rx).await {
+            Ok(r) => r.unwrap_or_else(|_| Err(StoreError::Raft("the store is shutting down".into()))),
+            Err(_) => Err(StoreError::Raft(format!(
+                "the write was not committed within {}s: this node may have lost its quorum (it may still be applied later)",
+                COMMIT_TIMEOUT.as_secs()
+            ))),
+        }
     }
 }
 
