@@ -6,6 +6,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -122,13 +123,28 @@ pin_project_lite::pin_project! {
     #[project = ReqProj]
     pub enum ReqBody {
         Full { data: Option<Bytes> },
-        Stream { #[pin] inner: Incoming, recorder: Option<Arc<Recorder>> },
+        Stream { #[pin] inner: Incoming, recorder: Option<Arc<Recorder>>, sent: Arc<AtomicBool> },
     }
 }
 
 impl ReqBody {
     pub fn full(data: Bytes) -> ReqBody {
         ReqBody::Full { data: (!data.is_empty()).then_some(data) }
+    }
+
+    pub fn stream(inner: Incoming, recorder: Option<Arc<Recorder>>) -> ReqBody {
+        ReqBody::Stream { inner, recorder, sent: Arc::default() }
+    }
+
+    /// For a streamed body, a flag set once it has been read to the end (handed to the
+    /// upstream connection). An HTTP/1 connection is only reused if its request body was all
+    /// sent: an upstream that answers early (401, 413) while the client still uploads would
+    /// otherwise leave the next request waiting behind that upload.
+    pub fn sent_flag(&self) -> Option<Arc<AtomicBool>> {
+        match self {
+            ReqBody::Full { .. } => None,
+            ReqBody::Stream { sent, .. } => Some(sent.clone()),
+        }
     }
 }
 
@@ -139,8 +155,19 @@ impl Body for ReqBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.project() {
             ReqProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            ReqProj::Stream { mut inner, recorder } => {
+            ReqProj::Stream { mut inner, recorder, sent } => {
                 let frame = ready!(inner.as_mut().poll_frame(cx));
+                // With a content-length, hyper stops polling once the body is complete, so the
+                // end is seen with the last data frame, not as a `None` frame (over HTTP/2 the
+                // end of stream may come in a later frame: the remaining length says it too).
+                let ended = match &frame {
+                    None => true,
+                    Some(Ok(_)) => inner.is_end_stream() || inner.size_hint().exact() == Some(0),
+                    Some(Err(_)) => false,
+                };
+                if ended {
+                    sent.store(true, Ordering::Relaxed);
+                }
                 if let Some(rec) = recorder.as_ref() {
                     match &frame {
                         Some(Ok(f)) => match f.data_ref() {

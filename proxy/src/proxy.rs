@@ -296,7 +296,7 @@ impl Bodies {
             Prepared::Empty => Bodies { first: Some(ReqBody::full(Bytes::new())), replay: Replay::Empty, limit },
             Prepared::Stream { body, recorder } => Bodies {
                 replay: recorder.clone().map_or(Replay::Impossible, Replay::Recorded),
-                first: Some(ReqBody::Stream { inner: body, recorder }),
+                first: Some(ReqBody::stream(body, recorder)),
                 limit,
             },
         }
@@ -646,11 +646,14 @@ async fn exchange(
     };
     // The body is taken only now: a connect failure leaves it untouched for the next try.
     let body = bodies.next().ok_or(Attempt::NoBody)?;
+    let upload = body.sent_flag();
+    // Reusable once the response is in only if the whole request went out (see `sent_flag`).
+    let reusable = |s: H1| upload.as_ref().is_none_or(|f| f.load(Relaxed)).then_some(s);
     let req = parts.build(ep.protocol, body, last);
     match conn {
         Conn::H2(mut s) => s.send_request(req).await.map(|r| (r, None)).map_err(|e| Attempt::Reset(e.to_string())),
         Conn::H1 { mut sender, reused } => match sender.try_send_request(req).await {
-            Ok(r) => Ok((r, Some(sender))),
+            Ok(r) => Ok((r, reusable(sender))),
             Err(mut e) => {
                 // A pooled connection the peer closed meanwhile: if hyper hands the request
                 // back unsent, resend it once on a fresh connection (not a retry).
@@ -663,7 +666,7 @@ async fn exchange(
                     Ok(mut sender) => sender
                         .send_request(req)
                         .await
-                        .map(|r| (r, Some(sender)))
+                        .map(|r| (r, reusable(sender)))
                         .map_err(|e| Attempt::Reset(e.to_string())),
                     Err(_) => {
                         // Never sent: the body goes back for the next try (it may be the only

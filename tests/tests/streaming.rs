@@ -16,6 +16,18 @@ clusters: [{{name: c, endpoints: ["{up}"], protocol: {protocol}}}]
     )
 }
 
+
+/// A request body fed through a channel: frames go out as the test sends them.
+fn channel_body(
+    depth: usize,
+) -> (
+    tokio::sync::mpsc::Sender<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>,
+    http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(depth);
+    (tx, http_body_util::combinators::BoxBody::new(http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx))))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_chunks_arrive_before_the_upstream_finishes() {
     let up = Upstream::start("llm").await;
@@ -67,14 +79,13 @@ async fn large_upload_streams_through() {
     let p = start_proxy(&single(up.addr, "http1"));
     let c = client();
     // 32 MiB, streamed in 64 KiB chunks: far beyond the 64 KiB retry buffer.
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>(4);
+    let (tx, body) = channel_body(4);
     tokio::spawn(async move {
         let chunk = Bytes::from(vec![7u8; 64 * 1024]);
         for _ in 0..512 {
             tx.send(Ok(hyper::body::Frame::data(chunk.clone()))).await.unwrap();
         }
     });
-    let body = http_body_util::combinators::BoxBody::new(http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)));
     let req = http::Request::post(format!("http://{}/echo", p.listener_addrs[0])).header("host", "sink").body(body).unwrap();
     let resp = c.request(req).await.unwrap();
     assert_eq!(resp.status(), 200);
@@ -122,7 +133,7 @@ async fn h2_bodies_survive_idle_gaps_byte_for_byte() {
     // 1 MiB (what /echo sends back), in 16 KiB chunks of a pattern that shifts with the offset.
     let sent: Vec<u8> = (0..1usize << 20).map(|i| (i * 31 % 251) as u8).collect();
     for round in 0..3 {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>(2);
+        let (tx, body) = channel_body(2);
         let chunks: Vec<Bytes> = sent.chunks(16 * 1024).map(Bytes::copy_from_slice).collect();
         tokio::spawn(async move {
             for (i, chunk) in chunks.into_iter().enumerate() {
@@ -132,7 +143,6 @@ async fn h2_bodies_survive_idle_gaps_byte_for_byte() {
                 tx.send(Ok(hyper::body::Frame::data(chunk))).await.unwrap();
             }
         });
-        let body = http_body_util::combinators::BoxBody::new(http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)));
         let req = http::Request::post(format!("http://{}/echo", p.listener_addrs[0])).header("host", "sink").body(body).unwrap();
         let resp = c.request(req).await.unwrap();
         assert_eq!(resp.status(), 200, "round {round}");
@@ -180,4 +190,89 @@ async fn grpc_unary_and_server_streaming_pass() {
     reporter.set_service_status("model", tonic_health::ServingStatus::NotServing).await;
     let second = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.unwrap().unwrap().unwrap();
     assert_eq!(second.status, ServingStatus::NotServing as i32, "a later stream message arrives while the stream stays open");
+}
+
+/// An upstream that answers before it has read the request (a 401 or 413 on a large upload)
+/// leaves the client still uploading: that connection must not be reused, or the next
+/// request waits behind the upload (here stalled, so it would wait for the route timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_still_uploading_is_not_reused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A raw upstream: 413 to a POST as soon as its head is in (the body is then read and
+    // dropped), 200 to a GET, keep-alive.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut buf, mut head, mut draining) = (vec![0u8; 65536], Vec::new(), false);
+                while let Ok(n @ 1..) = s.read(&mut buf).await {
+                    if draining {
+                        continue;
+                    }
+                    head.extend_from_slice(&buf[..n]);
+                    while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let post = head.starts_with(b"POST");
+                        head.drain(..end + 4);
+                        let answer: &[u8] = if post {
+                            b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n"
+                        } else {
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                        };
+                        if s.write_all(answer).await.is_err() {
+                            return;
+                        }
+                        if post {
+                            draining = true;
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let p = start_proxy(&single(up, "http1"));
+    let addr = p.listener_addrs[0];
+    let (tx, body) = channel_body(1);
+    tx.send(Ok(hyper::body::Frame::data(Bytes::from(vec![b'x'; 1024])))).await.unwrap();
+    let post = http::Request::post(format!("http://{addr}/upload")).header("host", "s").body(body).unwrap();
+    let c = client();
+    let resp = c.request(post).await.unwrap();
+    assert_eq!(resp.status(), 413, "answered before the upload ended");
+    resp.into_body().collect().await.unwrap();
+    // The upload is still open (`tx` is alive). A GET must not queue behind it.
+    let get = tokio::time::timeout(Duration::from_secs(5), get(&client(), addr, "s", "/", &[])).await;
+    let (status, _, body) = get.expect("the GET waited behind the stalled upload");
+    assert_eq!((status.as_u16(), &body[..]), (200, &b"ok"[..]));
+    drop(tx);
+}
+
+/// The other side of the rule above: a request whose body was all sent leaves its connection
+/// for the next request, over HTTP/1 and HTTP/2 downstreams, with or without a length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_uploads_keep_their_connection() {
+    let up = Upstream::start("sink").await;
+    let p = start_proxy(&single(up.addr, "http1"));
+    let addr = p.listener_addrs[0];
+    for c in [client(), h2_client()] {
+        for i in 0..10 {
+            let body = Bytes::from(vec![b'y'; 100 + i * 1000]);
+            let req = http::Request::post(format!("http://{addr}/echo")).header("host", "s").body(full(body)).unwrap();
+            let resp = c.request(req).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.into_body().collect().await.unwrap();
+        }
+        let (tx, body) = channel_body(2);
+        tokio::spawn(async move {
+            for _ in 0..3 {
+                tx.send(Ok(hyper::body::Frame::data(Bytes::from_static(b"chunk")))).await.unwrap();
+            }
+        });
+        let req = http::Request::post(format!("http://{addr}/echo")).header("host", "s").body(body).unwrap();
+        let resp = c.request(req).await.unwrap();
+        assert_eq!(resp.headers()["x-body-len"], "15");
+        resp.into_body().collect().await.unwrap();
+    }
+    let v: serde_json::Value = serde_json::from_str(&admin_get(p.admin_addr, "/clusters").await.1).unwrap();
+    assert_eq!(v["clusters"][0]["open_connections"], 1, "one upstream connection served all 22 sequential uploads: {v}");
 }
