@@ -17,13 +17,10 @@ clusters: [{{name: c, endpoints: ["{up}"], protocol: {protocol}}}]
 }
 
 
+type FrameTx = tokio::sync::mpsc::Sender<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>;
+
 /// A request body fed through a channel: frames go out as the test sends them.
-fn channel_body(
-    depth: usize,
-) -> (
-    tokio::sync::mpsc::Sender<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>,
-    http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>,
-) {
+fn channel_body(depth: usize) -> (FrameTx, http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>) {
     let (tx, rx) = tokio::sync::mpsc::channel(depth);
     (tx, http_body_util::combinators::BoxBody::new(http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx))))
 }
