@@ -227,7 +227,10 @@ async fn a_silent_sidecar_is_marked_unhealthy_and_returns_with_its_heartbeats() 
     let c = client();
     let (m1, m2) = (Upstream::start("m1").await, Upstream::start("m2").await);
     // Cluster m has no static endpoints: they come from the inbound sidecars' registrations.
-    put(&c, nodes[0].api, "/v1/clusters/m", json!({"endpoints": []})).await;
+    // Round robin: this test is about health, and with two endpoints p2c compares both and
+    // keeps sending sequential requests to the one whose EWMA happens to be lower (seen to take
+    // over 20 s to reach both under CI load).
+    put(&c, nodes[0].api, "/v1/clusters/m", json!({"endpoints": [], "lb": "round_robin"})).await;
     let route = json!({"name": "r", "cluster": "m", "timeout": "2s"});
     put(&c, nodes[0].api, "/v1/services/s", json!({"hosts": ["s"], "listeners": ["out"], "routes": [route]})).await;
 
