@@ -173,9 +173,7 @@ impl Body for ReqBody {
                         Some(Ok(f)) => match f.data_ref() {
                             Some(d) => {
                                 rec.push(d);
-                                // With a content-length, hyper stops polling once the body is
-                                // complete, so the end is seen here, not as a `None` frame.
-                                if inner.is_end_stream() {
+                                if ended {
                                     rec.end(RecStatus::Complete);
                                 }
                             }

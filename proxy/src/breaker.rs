@@ -166,22 +166,25 @@ mod tests {
         assert_eq!(b.record(5_303, false, false), None);
     }
 
-    #[test]
-    fn failed_probe_reopens() {
+    /// A breaker opened at t = 9 ms by ten failures (half-open from 5,009 ms).
+    fn opened() -> Breaker {
         let mut b = breaker();
         for i in 0..10 {
             b.record(i, false, false);
         }
+        b
+    }
+
+    #[test]
+    fn failed_probe_reopens() {
+        let mut b = opened();
         assert_eq!(b.admit(6_000).0, Admit::Probe);
         assert_eq!(b.record(6_001, false, true), Some(State::Open { until_ms: 11_001 }));
     }
 
     #[test]
     fn an_abandoned_probe_frees_its_slot() {
-        let mut b = breaker();
-        for i in 0..10 {
-            b.record(i, false, false);
-        }
+        let mut b = opened();
         assert_eq!(b.admit(6_000).0, Admit::Probe);
         assert_eq!(b.admit(6_001).0, Admit::Probe);
         assert_eq!(b.admit(6_002).0, Admit::No, "both slots taken");

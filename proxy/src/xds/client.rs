@@ -113,12 +113,10 @@ impl Client {
                 backoff.reset();
                 failed_in_a_row = 0;
                 tracing::warn!(control = %addr, error = %err, "xDS stream ended; failing over");
-            } else if received {
-                failed_in_a_row += 1;
-                tracing::warn!(control = %addr, error = %err, "xDS stream ended soon after it opened; failing over");
             } else {
                 failed_in_a_row += 1;
-                tracing::warn!(control = %addr, error = %err, "xDS control node unavailable");
+                let what = if received { "xDS stream ended soon after it opened" } else { "xDS control node unavailable" };
+                tracing::warn!(control = %addr, error = %err, "{what}");
             }
             // Try every node once before waiting, so failover to a live node is immediate.
             if failed_in_a_row >= servers.len() {

@@ -66,11 +66,7 @@ impl State {
         let mut applied = None;
 
         // Everything at once: the common case, one swap.
-        let mut all = self.accepted.clone();
-        for &i in &open {
-            // Converted fine above, so this cannot fail; the verdict was recorded if it did.
-            let _ = all.set(&batch[i].type_url, &batch[i].resources);
-        }
+        let all = self.with(batch, open.iter().copied());
         match self.try_apply(all, &mut apply) {
             Ok(v) => {
                 applied = v.or(applied);
@@ -90,10 +86,7 @@ impl State {
         // server does not push a NACKed version again.
         if open.len() > 2 {
             for skip in open.clone() {
-                let mut most = self.accepted.clone();
-                for &i in open.iter().filter(|&&i| i != skip) {
-                    let _ = most.set(&batch[i].type_url, &batch[i].resources);
-                }
+                let most = self.with(batch, open.iter().copied().filter(|&i| i != skip));
                 if let Ok(v) = self.try_apply(most, &mut apply) {
                     applied = v.or(applied);
                     open.iter().filter(|&&i| i != skip).for_each(|&i| verdicts[i] = Some(Ok(())));
@@ -108,8 +101,7 @@ impl State {
         loop {
             let before = open.len();
             open.retain(|&i| {
-                let mut one = self.accepted.clone();
-                let _ = one.set(&batch[i].type_url, &batch[i].resources);
+                let one = self.with(batch, [i]);
                 match self.try_apply(one, &mut apply) {
                     Ok(v) => {
                         applied = v.or(applied);
@@ -130,6 +122,17 @@ impl State {
             verdicts[i] = Some(Err(std::mem::take(&mut errors[i])));
         }
         Outcome { verdicts: verdicts.into_iter().map(|v| v.unwrap_or(Ok(()))).collect(), applied }
+    }
+
+    /// What is served, with the responses `which` of `batch` in place of their types. They
+    /// converted fine when the batch came in (failures were recorded then), so `set` cannot
+    /// fail here.
+    fn with(&self, batch: &[DiscoveryResponse], which: impl IntoIterator<Item = usize>) -> Dynamic {
+        let mut d = self.accepted.clone();
+        for i in which {
+            let _ = d.set(&batch[i].type_url, &batch[i].resources);
+        }
+        d
     }
 
     /// Applies `candidate` unless it is what is served already (a reconnect resends

@@ -33,9 +33,10 @@ pub struct TypeState {
 /// is taken to have known a control plane that was since rebuilt, whose revisions started over.
 pub const AHEAD_LIMIT: Duration = Duration::from_secs(60);
 
-/// Whether to hold back this node's `version` of a type from a client running `theirs`.
-fn hold_back(state: &mut TypeState, theirs: &str, version: u64, revision: u64) -> bool {
-    let Ok(theirs) = theirs.parse::<u64>() else { return false };
+/// Whether to hold back this node's `version` of a type from the client, which runs
+/// `state.client_version`.
+fn hold_back(state: &mut TypeState, version: u64, revision: u64) -> bool {
+    let Ok(theirs) = state.client_version.parse::<u64>() else { return false };
     if theirs <= version {
         return false;
     }
@@ -102,7 +103,7 @@ impl Mode for Sotw {
         let version_info = version.to_string();
         if !state.names_changed
             && (state.client_version == version_info
-                || hold_back(state, &state.client_version.clone(), version, snapshot.revision()))
+                || hold_back(state, version, snapshot.revision()))
         {
             return None;
         }
