@@ -7,30 +7,51 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use crate::config::LbPolicy;
 
 /// Load signals of one endpoint, updated lock-free from every worker.
+///
+/// The latency estimate is a peak EWMA that decays with time, as in Finagle and Linkerd: a
+/// sample above the current estimate replaces it at once (a slowing endpoint is avoided at
+/// once), a lower one is blended in, and an estimate nobody refreshes decays toward zero with
+/// time constant [`DECAY_MS`]. Without that decay an endpoint that lost one comparison is never
+/// measured again: with two endpoints p2c compares both on every pick, so sequential traffic
+/// would stay on whichever looked faster once, for good.
 #[derive(Debug)]
 pub struct Load {
-    /// EWMA of time-to-response-headers in µs, stored as f64 bits.
+    /// Estimate of time-to-response-headers in µs as of `stamp_ms`, stored as f64 bits.
     ewma_us: AtomicU64,
+    /// When `ewma_us` was last set, on the `clock` millisecond scale.
+    stamp_ms: AtomicU64,
     in_flight: AtomicU32,
 }
 
-/// Weight of the newest sample in the EWMA.
+/// Weight of a sample below the current estimate.
 const ALPHA: f64 = 0.3;
 /// Prior for an endpoint with no samples yet: optimistic, so new endpoints get traffic.
 const PRIOR_US: f64 = 1_000.0;
-
-impl Default for Load {
-    fn default() -> Self {
-        Load { ewma_us: AtomicU64::new(PRIOR_US.to_bits()), in_flight: AtomicU32::new(0) }
-    }
-}
+/// Time constant of the decay of an unrefreshed estimate (Linkerd's default): an endpoint
+/// that looked twice as slow is tried again after about 7 s without samples.
+pub const DECAY_MS: f64 = 10_000.0;
 
 impl Load {
-    pub fn cost(&self) -> f64 {
-        f64::from_bits(self.ewma_us.load(Relaxed)) * (self.in_flight.load(Relaxed) as f64 + 1.0)
+    /// A new endpoint's load; its prior starts decaying at `now_ms` (not earlier, or endpoints
+    /// added to a running cluster would look free and draw every request until they answer).
+    pub fn new(now_ms: u64) -> Load {
+        Load {
+            ewma_us: AtomicU64::new(PRIOR_US.to_bits()),
+            stamp_ms: AtomicU64::new(now_ms),
+            in_flight: AtomicU32::new(0),
+        }
     }
-    pub fn ewma_us(&self) -> f64 {
-        f64::from_bits(self.ewma_us.load(Relaxed))
+    /// Estimated cost of sending one more request at `now_ms`: latency × (in-flight + 1).
+    pub fn cost(&self, now_ms: u64) -> f64 {
+        self.ewma_us(now_ms) * (self.in_flight.load(Relaxed) as f64 + 1.0)
+    }
+    /// The latency estimate at `now_ms`, decayed since its last sample.
+    pub fn ewma_us(&self, now_ms: u64) -> f64 {
+        let ewma = f64::from_bits(self.ewma_us.load(Relaxed));
+        match now_ms.saturating_sub(self.stamp_ms.load(Relaxed)) {
+            0 => ewma,
+            idle => ewma * (-(idle as f64) / DECAY_MS).exp(),
+        }
     }
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Relaxed)
@@ -41,10 +62,13 @@ impl Load {
     pub fn end(&self) {
         self.in_flight.fetch_sub(1, Relaxed);
     }
-    /// Fold in one observed latency. A racing update may be lost; that only costs one sample.
-    pub fn observe(&self, latency_us: f64) {
-        let old = f64::from_bits(self.ewma_us.load(Relaxed));
-        self.ewma_us.store((old * (1.0 - ALPHA) + latency_us * ALPHA).to_bits(), Relaxed);
+    /// Fold in one latency observed at `now_ms`. A racing update may be lost; that only costs
+    /// one sample.
+    pub fn observe(&self, latency_us: f64, now_ms: u64) {
+        let current = self.ewma_us(now_ms);
+        let next = if latency_us > current { latency_us } else { current + (latency_us - current) * ALPHA };
+        self.ewma_us.store(next.to_bits(), Relaxed);
+        self.stamp_ms.store(now_ms, Relaxed);
     }
 }
 
@@ -122,12 +146,66 @@ mod tests {
 
     #[test]
     fn ewma_moves_toward_samples() {
-        let l = Load::default();
+        let l = Load::new(1);
         for _ in 0..50 {
-            l.observe(100.0);
+            l.observe(100.0, 1);
         }
-        assert!((l.ewma_us() - 100.0).abs() < 1.0);
+        assert!((l.ewma_us(1) - 100.0).abs() < 1.0);
         l.start();
-        assert!((l.cost() - 2.0 * l.ewma_us()).abs() < 1e-9);
+        assert!((l.cost(1) - 2.0 * l.ewma_us(1)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_slower_sample_is_taken_at_once() {
+        let l = Load::new(1);
+        l.observe(100.0, 1);
+        l.observe(100.0, 1);
+        l.observe(5_000.0, 2);
+        assert_eq!(l.ewma_us(2), 5_000.0);
+    }
+
+    #[test]
+    fn an_unrefreshed_estimate_decays_with_time() {
+        let l = Load::new(0);
+        l.observe(4_000.0, 1_000);
+        assert_eq!(l.ewma_us(1_000), 4_000.0);
+        let later = l.ewma_us(1_000 + (DECAY_MS * 2f64.ln()) as u64);
+        assert!((later - 2_000.0).abs() < 1.0, "one half-life later: {later}");
+        // The next sample blends with the decayed estimate, not the stale one.
+        l.observe(1_500.0, 1_000 + (DECAY_MS * 2f64.ln()) as u64);
+        assert!(l.ewma_us(1_000 + (DECAY_MS * 2f64.ln()) as u64) < 2_000.0);
+    }
+
+    #[test]
+    fn a_new_endpoint_starts_at_the_prior_whenever_it_is_added() {
+        let late = Load::new(3_600_000);
+        assert_eq!(late.cost(3_600_000), PRIOR_US, "no head start for endpoints added later");
+    }
+
+    /// Two endpoints, one request at a time (each 1 ms long), p2c: the one measured slower once
+    /// must still be measured again; the faster one keeps nearly all the traffic.
+    #[test]
+    fn p2c_does_not_starve_an_endpoint_that_looked_slower_once() {
+        let loads = [Load::new(0), Load::new(0)];
+        loads[0].observe(1_000.0, 0);
+        loads[1].observe(2_000.0, 0);
+        let rr = AtomicUsize::new(0);
+        let mut picks = [0u32; 2];
+        let mut first_retry_ms = None;
+        for now in 1..60_000u64 {
+            let i = pick(LbPolicy::P2cEwma, 2, |_| true, |i| loads[i].cost(now), &[], &rr, |n| {
+                (now as usize) % n
+            })
+            .unwrap();
+            // Endpoint 1 is really as fast as endpoint 0 minus a little noise on the slow side.
+            loads[i].observe(if i == 0 { 1_000.0 } else { 1_100.0 }, now);
+            picks[i] += 1;
+            if i == 1 && first_retry_ms.is_none() {
+                first_retry_ms = Some(now);
+            }
+        }
+        let first = first_retry_ms.expect("endpoint 1 was never tried again");
+        assert!(first < 10_000, "endpoint 1 waited {first} ms");
+        assert!(picks[0] > 50 * picks[1], "the faster endpoint keeps the traffic: {picks:?}");
     }
 }

@@ -450,17 +450,9 @@ async fn try_once<'a>(
     deadline: Option<Instant>,
     _retry_slot: Option<Counted<'a>>,
 ) -> Result<Sent<'a>, TryError> {
-    let limits = &cluster.cfg.circuit_breaker;
-    if cluster.active.load(Relaxed) >= limits.max_requests {
-        return Err(TryError::Local(overflow(cluster, Overflow::MaxRequests)));
-    }
     let started = Instant::now();
     let now = clock::ms_of(started);
-    let admit = cluster.admit(now);
-    if admit == Admit::No {
-        return Err(TryError::Local(overflow(cluster, Overflow::BreakerOpen)));
-    }
-    let mut probe = ProbeTicket { cluster, armed: admit == Admit::Probe };
+    let mut probe = admit(cluster, now).map_err(|o| TryError::Local(overflow(cluster, o)))?;
     let ep_i = cluster.pick(tried, now).ok_or_else(|| {
         TryError::Local(
             Local::new(StatusCode::SERVICE_UNAVAILABLE, "no_healthy_endpoint", match cluster.endpoints.len() {
@@ -490,7 +482,8 @@ async fn try_once<'a>(
     };
     match result {
         Ok((resp, h1)) => {
-            ep.load.observe(started.elapsed().as_micros() as f64);
+            let done = Instant::now();
+            ep.load.observe((done - started).as_micros() as f64, clock::ms_of(done));
             cluster.record(ep_i, Outcome::from_status(resp.status().as_u16()), probe.verdict(), now);
             // `active`/in-flight are released when the response body ends (see finish_on_end),
             // or right here if the caller drops this response to retry.
@@ -511,17 +504,30 @@ async fn try_once<'a>(
     }
 }
 
+/// The cluster-wide checks every request sent to `cluster` passes, primary try or shadow copy:
+/// the `max_requests` threshold, then the error-rate breaker. Returns the refusing threshold
+/// (not yet counted).
+pub(crate) fn admit(cluster: &Cluster, now: u64) -> Result<ProbeTicket<'_>, Overflow> {
+    if cluster.active.load(Relaxed) >= cluster.cfg.circuit_breaker.max_requests {
+        return Err(Overflow::MaxRequests);
+    }
+    match cluster.admit(now) {
+        Admit::No => Err(Overflow::BreakerOpen),
+        a => Ok(ProbeTicket { cluster, armed: a == Admit::Probe }),
+    }
+}
+
 /// A half-open breaker's probe slot, held by the try it admitted: recorded with the try's
 /// outcome, or given back when the try ends without one (cancelled, refused locally, no
 /// endpoint), so that probes that never report cannot hold the breaker half-open for good.
-struct ProbeTicket<'a> {
+pub(crate) struct ProbeTicket<'a> {
     cluster: &'a Cluster,
     armed: bool,
 }
 
 impl ProbeTicket<'_> {
     /// Whether the try was a probe; its outcome is being recorded, so the slot is settled.
-    fn verdict(&mut self) -> bool {
+    pub(crate) fn verdict(&mut self) -> bool {
         std::mem::take(&mut self.armed)
     }
 }
@@ -538,14 +544,14 @@ impl Drop for ProbeTicket<'_> {
 /// Released when dropped, so also when the request is cancelled mid-try (a client that resets
 /// its stream drops the whole request future); otherwise a cancelled request stayed counted
 /// for good, and enough of them made `max_requests` refuse everything.
-struct Held<'a> {
+pub(crate) struct Held<'a> {
     cluster: &'a Cluster,
     ep: usize,
     armed: bool,
 }
 
 impl<'a> Held<'a> {
-    fn take(cluster: &'a Cluster, ep: usize) -> Held<'a> {
+    pub(crate) fn take(cluster: &'a Cluster, ep: usize) -> Held<'a> {
         cluster.endpoints[ep].load.start();
         cluster.active.fetch_add(1, Relaxed);
         cluster.in_flight.increment(1.0);

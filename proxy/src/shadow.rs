@@ -1,7 +1,9 @@
 //! Traffic shadowing: a copy of a sampled request goes to the shadow cluster in its own task.
 //! The copy waits for the primary to finish reading the request body (bounded by
 //! `max_body_bytes` and the shadow timeout), so the primary never waits for the shadow. Its
-//! response is read to the end, measured (labelled `shadow="true"`) and discarded.
+//! response is read to the end, measured (labelled `shadow="true"`) and discarded. Copies count
+//! against the shadow cluster like any request: its `max_requests` and error-rate breaker can
+//! skip them, and their outcomes feed its breaker, outlier detection and load balancer.
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -13,7 +15,7 @@ use std::time::Instant;
 use crate::body::ReqBody;
 use crate::outlier::Outcome;
 use crate::pool::Conn;
-use crate::proxy::{Prepared, ReqParts};
+use crate::proxy::{Held, Prepared, ReqParts};
 use crate::snapshot::{ShadowRt, Snapshot};
 use crate::telemetry::{self, Labels};
 use crate::Shared;
@@ -67,31 +69,52 @@ pub(crate) fn spawn(
                 // The recorder's limit may be the retry buffer's, if larger: hold the shadow's.
                 Some(r) => r.wait_complete(timeout).await.filter(|d| d.len() <= max_body).ok_or("body_too_large")?,
             };
-            let ep_i = cluster.pick(&[], crate::clock::now_ms()).ok_or("no_healthy_endpoint")?;
+            // The shadow cluster's own thresholds and breaker hold for copies too: a shadow
+            // must not overload the candidate it is evaluating.
+            let now = crate::clock::now_ms();
+            let mut probe = crate::proxy::admit(&cluster, now).map_err(|o| {
+                cluster.count_overflow(o);
+                o.as_str()
+            })?;
+            let ep_i = cluster.pick(&[], now).ok_or("no_healthy_endpoint")?;
             let ep = &cluster.endpoints[ep_i];
-            let conn = ep.pool().checkout(ep.addr, &cluster.dial()).await.map_err(|_| "connect_failure")?;
-            let r = req.build(ep.protocol, ReqBody::full(data), true);
-            let (resp, h1) = match conn {
-                Conn::H1 { mut sender, .. } => (sender.send_request(r).await, Some(sender)),
-                Conn::H2(mut s) => (s.send_request(r).await, None),
-            };
-            let resp = resp.map_err(|_| "reset")?;
-            let status = resp.status().as_u16();
-            // Read to the end (the connection can then be reused), one frame at a time: the
-            // answer is only measured, so none of it is kept.
-            let mut body = resp.into_body();
-            let complete = loop {
-                match body.frame().await {
-                    None => break true,
-                    Some(Ok(_)) => {}
-                    Some(Err(_)) => break false,
+            let _held = Held::take(&cluster, ep_i);
+            let sent = Instant::now();
+            let exchange = async {
+                let conn = ep.pool().checkout(ep.addr, &cluster.dial()).await.map_err(|_| "connect_failure")?;
+                let r = req.build(ep.protocol, ReqBody::full(data), true);
+                let (resp, h1) = match conn {
+                    Conn::H1 { mut sender, .. } => (sender.send_request(r).await, Some(sender)),
+                    Conn::H2(mut s) => (s.send_request(r).await, None),
+                };
+                let resp = resp.map_err(|_| "reset")?;
+                let done = Instant::now();
+                ep.load.observe((done - sent).as_micros() as f64, crate::clock::ms_of(done));
+                let status = resp.status().as_u16();
+                // Read to the end (the connection can then be reused), one frame at a time: the
+                // answer is only measured, so none of it is kept.
+                let mut body = resp.into_body();
+                let complete = loop {
+                    match body.frame().await {
+                        None => break true,
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) => break false,
+                    }
+                };
+                if let (true, Some(s)) = (complete, h1) {
+                    ep.pool().checkin(s, cluster.cfg.max_idle_per_endpoint);
                 }
+                Ok::<_, &'static str>(status)
             };
-            cluster.record(ep_i, Outcome::from_status(status), false, crate::clock::now_ms());
-            if let (true, Some(s)) = (complete, h1) {
-                ep.pool().checkin(s, cluster.cfg.max_idle_per_endpoint);
-            }
-            Ok::<_, &'static str>((status, ep.label.clone()))
+            // Timed out here rather than by the outer limit, so a candidate that hangs counts
+            // against its cluster like a primary try that timed out.
+            let outcome = tokio::time::timeout_at((start + timeout).into(), exchange).await.unwrap_or(Err("timeout"));
+            let verdict = match outcome {
+                Ok(status) => Outcome::from_status(status),
+                Err(_) => Outcome::GatewayError,
+            };
+            cluster.record(ep_i, verdict, probe.verdict(), crate::clock::now_ms());
+            Ok::<_, &'static str>((outcome?, ep.label.clone()))
         };
         let result = tokio::time::timeout(timeout, run).await.unwrap_or(Err("timeout"));
         match result {
@@ -102,9 +125,9 @@ pub(crate) fn spawn(
                     s.finish(&labels, Ok(status));
                 }
             }
-            Err("body_too_large") => {
+            Err(reason @ ("body_too_large" | "max_requests" | "breaker_open")) => {
                 // Never sent: not a shadow request, just a skipped one.
-                sh.telemetry.counter("weft_shadow_skipped_total", vec![Label::new("reason", "body_too_large")]).increment(1);
+                sh.telemetry.counter("weft_shadow_skipped_total", vec![Label::new("reason", reason)]).increment(1);
                 sh.shadows_in_flight.fetch_sub(1, Relaxed);
                 return;
             }

@@ -97,3 +97,64 @@ async fn the_shadow_holds_its_own_body_limit_beside_a_larger_retry_buffer() {
     let m = admin_get(p.admin_addr, "/metrics").await.1;
     assert_eq!(metric_sum(&m, "weft_shadow_skipped_total", &[("reason", "body_too_large")]), 3.0, "{m}");
 }
+
+async fn concurrent_posts(addr: std::net::SocketAddr, n: usize) {
+    let c = client();
+    let posts: Vec<_> = (0..n)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let req = http::Request::post(format!("http://{addr}/echo")).header("host", "s").header("content-length", 1);
+                let resp = c.request(req.body(full(vec![1u8])).unwrap()).await.unwrap();
+                assert_eq!(resp.status(), 200, "the primary always succeeds");
+            })
+        })
+        .collect();
+    for p in posts {
+        p.await.unwrap();
+    }
+}
+
+/// [`shadow_config`] with a fraction of 1 and `circuit_breaker` set on the shadow cluster.
+fn with_shadow_breaker(primary: &Upstream, shadow: &Upstream, breaker: &str) -> String {
+    let plain = format!(r#"{{name: shadow, endpoints: ["{}"]}}"#, shadow.addr);
+    let set = format!(r#"{{name: shadow, endpoints: ["{}"], circuit_breaker: {breaker}}}"#, shadow.addr);
+    shadow_config(primary, shadow.addr, 1.0).replace(&plain, &set)
+}
+
+/// Copies count against the shadow cluster's thresholds: with `max_requests: 1` and a slow
+/// candidate, one copy is in flight and the others are skipped, not piled onto the candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shadow_cluster_max_requests_holds_for_copies() {
+    let (primary, shadow) = (Upstream::start("a").await, Upstream::start("shadow").await);
+    shadow.delay_ms.store(1500, SeqCst);
+    let cfg = with_shadow_breaker(&primary, &shadow, "{max_requests: 1}");
+    let p = start_proxy(&cfg);
+    concurrent_posts(p.listener_addrs[0], 6).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(shadow.hits(), 1, "one copy at a time reaches the candidate");
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert_eq!(metric_sum(&m, "weft_shadow_skipped_total", &[("reason", "max_requests")]), 5.0, "{m}");
+    assert_eq!(metric_sum(&m, "weft_requests_total", &[("shadow", "true")]), 1.0, "skipped copies are not requests: {m}");
+}
+
+/// A failing candidate opens its cluster's error-rate breaker, and copies then stop reaching it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_candidate_opens_the_shadow_cluster_breaker() {
+    let (primary, shadow) = (Upstream::start("a").await, Upstream::start("shadow").await);
+    shadow.status.store(503, SeqCst);
+    let cfg = with_shadow_breaker(
+        &primary,
+        &shadow,
+        "{error_rate: {threshold_pct: 50, min_requests: 5, window: 10s, open_duration: 60s}}",
+    );
+    let p = start_proxy(&cfg);
+    timed_gets(p.listener_addrs[0], 30, Some(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let hits = shadow.hits();
+    assert!((5..30).contains(&hits), "the breaker opened after its minimum of requests: {hits} copies sent");
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert_eq!(metric_sum(&m, "weft_shadow_skipped_total", &[("reason", "breaker_open")]), (30 - hits) as f64, "{m}");
+    let clusters = admin_get(p.admin_addr, "/clusters").await.1;
+    assert!(clusters.contains("\"circuit_breaker\": \"open\""), "{clusters}");
+}
