@@ -104,10 +104,10 @@ pub async fn list(
     if !local(&q)? {
         st.node.linearize().await?;
     }
-    let sm = st.node.local();
-    let revision = sm.last_applied_index().map_err(crate::store::StoreError::from)?;
+    let view = st.node.local().view().map_err(crate::store::StoreError::from)?;
+    let revision = view.revision().map_err(crate::store::StoreError::from)?;
     let items: Vec<Value> =
-        sm.list(kind.as_str()).map_err(crate::store::StoreError::from)?.iter().map(|r| item(kind, r)).collect();
+        view.list(kind.as_str()).map_err(crate::store::StoreError::from)?.iter().map(|r| item(kind, r)).collect();
     Ok(Json(json!({ "revision": revision, "items": items })))
 }
 

@@ -62,8 +62,9 @@ pub(crate) struct Basis {
 /// from it hold `AppState::schedule` meanwhile.
 pub(crate) async fn basis(st: &AppState) -> ApiResult<Basis> {
     st.node.linearize().await?;
-    let sm = st.node.local();
-    let revision = sm.last_applied_index().map_err(StoreError::from)?;
+    // One view: the inventory, the placements and the revision they are checked against agree.
+    let sm = st.node.local().view().map_err(StoreError::from)?;
+    let revision = sm.revision().map_err(StoreError::from)?;
     let mut nodes = Vec::new();
     for r in sm.list(Kind::Nodes.as_str()).map_err(StoreError::from)? {
         match serde_json::from_str::<NodeSpec>(&r.value_json) {

@@ -141,17 +141,14 @@ impl StateMachineStore {
 
     /// Every resource of `kind`, ordered by name.
     pub fn list(&self, kind: &str) -> Result<Vec<Resource>, StorageError<NodeId>> {
-        let tx = self.db.begin_read().map_err(sm_read)?;
-        let t = tx.open_table(RESOURCES).map_err(sm_read)?;
-        // Keys are `kind/name`; '0' is the byte after '/', so this range is exactly one kind.
-        let lo = format!("{kind}/");
-        let hi = format!("{kind}0");
-        let mut out = Vec::new();
-        for item in t.range::<&str>(lo.as_str()..hi.as_str()).map_err(sm_read)? {
-            let (_k, v) = item.map_err(sm_read)?;
-            out.push(db::from_json(v.value()).map_err(sm_read)?);
-        }
-        Ok(out)
+        self.view()?.list(kind)
+    }
+
+    /// A consistent cut of the state: every read through it sees the same applied revision
+    /// (each apply commits its resources and `last_applied` in one transaction), so a list
+    /// answers with the revision its items are at, and reads of several kinds agree.
+    pub fn view(&self) -> Result<View, StorageError<NodeId>> {
+        Ok(View(self.db.begin_read().map_err(sm_read)?))
     }
 
     /// Every recorded revision of `kind/name`, oldest first (deletes appear as `None`).
@@ -403,6 +400,35 @@ fn put_snapshot(
     t.insert(KEY_SNAPSHOT_META, meta.as_slice()).map_err(sm_write)?;
     t.insert(KEY_SNAPSHOT_DATA, data).map_err(sm_write)?;
     Ok(())
+}
+
+/// See [`StateMachineStore::view`].
+pub struct View(redb::ReadTransaction);
+
+impl View {
+    /// The log index of the last applied entry as of this view (0 before any).
+    pub fn revision(&self) -> Result<u64, StorageError<NodeId>> {
+        let meta = self.0.open_table(SM_META).map_err(sm_read)?;
+        let last: Option<LogId<NodeId>> = match meta.get(KEY_LAST_APPLIED).map_err(sm_read)? {
+            Some(v) => db::from_json(v.value()).map_err(sm_read)?,
+            None => None,
+        };
+        Ok(last.map(|l| l.index).unwrap_or(0))
+    }
+
+    /// Every resource of `kind` as of this view, ordered by name.
+    pub fn list(&self, kind: &str) -> Result<Vec<Resource>, StorageError<NodeId>> {
+        let t = self.0.open_table(RESOURCES).map_err(sm_read)?;
+        // Keys are `kind/name`; '0' is the byte after '/', so this range is exactly one kind.
+        let lo = format!("{kind}/");
+        let hi = format!("{kind}0");
+        let mut out = Vec::new();
+        for item in t.range::<&str>(lo.as_str()..hi.as_str()).map_err(sm_read)? {
+            let (_k, v) = item.map_err(sm_read)?;
+            out.push(db::from_json(v.value()).map_err(sm_read)?);
+        }
+        Ok(out)
+    }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {

@@ -5,6 +5,7 @@ use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::{RaftLogReader, RaftSnapshotBuilder};
 
 use super::*;
+use std::sync::Arc;
 
 fn put(kind: &str, name: &str, v: &str, expect: Option<u64>) -> Command {
     Command::Put {
@@ -651,4 +652,38 @@ async fn replication_reads_are_bounded_in_bytes() {
     assert_eq!(part[..], all[..part.len()], "a prefix of the range, in order");
     let one = log.limited_get_log_entries(end - 1, end).await.unwrap();
     assert_eq!(one.len(), 1, "one entry always goes, however large");
+}
+
+/// A list answers with the revision its items are at, even while writes land: no item is
+/// newer than the list's revision, and the newest one is exactly it when it was the last write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_sees_one_revision_while_writes_land() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Arc::new(start(&dir.path().join("s.redb"), 1000).await);
+    let writer = {
+        let node = node.clone();
+        tokio::spawn(async move {
+            let mut last = 0;
+            for i in 0..150 {
+                last = node.write(put("service", &format!("s{}", i % 7), &i.to_string(), None)).await.unwrap();
+            }
+            last
+        })
+    };
+    let mut views = 0;
+    while !writer.is_finished() {
+        let view = node.local().view().unwrap();
+        let revision = view.revision().unwrap();
+        let items = view.list("service").unwrap();
+        let newest = items.iter().map(|r| r.revision).max().unwrap_or(0);
+        assert!(newest <= revision, "an item at {newest} in a list at {revision}");
+        views += 1;
+        tokio::task::yield_now().await;
+    }
+    let last = writer.await.unwrap();
+    let view = node.local().view().unwrap();
+    assert_eq!(view.list("service").unwrap().iter().map(|r| r.revision).max(), Some(last));
+    assert_eq!(view.revision().unwrap(), last);
+    assert!(views > 10, "the reader ran alongside the writes ({views} views)");
+    Arc::into_inner(node).unwrap().shutdown().await.unwrap();
 }
