@@ -36,6 +36,8 @@ pub struct Options {
     pub tokens: Tokens,
     /// Snapshot (and compact the log) every this many applied entries.
     pub snapshot_every: u64,
+    /// How many revisions back resource history reaches (0 = all).
+    pub history_revisions: u64,
     /// Window in which commits are coalesced into one xDS push.
     pub xds_debounce: Duration,
     /// Between the autoscaler's decisions (on the leader).
@@ -60,6 +62,7 @@ impl Options {
             join: None,
             tokens: Tokens::default(),
             snapshot_every: 10_000,
+            history_revisions: crate::store::DEFAULT_HISTORY_REVISIONS,
             xds_debounce: Duration::from_millis(10),
             autoscale_interval: crate::scaling::DEFAULT_INTERVAL,
             rollout_interval: crate::rollouts::DEFAULT_INTERVAL,
@@ -125,6 +128,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     };
 
     let store = Store::open(opts.data_dir.join("weft-control.redb")).map_err(|e| anyhow::anyhow!("{e}"))?;
+    store.keep_history(opts.history_revisions);
     let config = raft_config(opts.snapshot_every, 1000).map_err(|e| anyhow::anyhow!("{e}"))?;
     let network = HttpNetwork::new(opts.tokens.admin_token());
     let node = Arc::new(Node::start(opts.id, &store, config, network).await.map_err(|e| anyhow::anyhow!("{e}"))?);

@@ -285,7 +285,11 @@ pub async fn rollback(
         return Err(ApiError::field(
             StatusCode::NOT_FOUND,
             "revision",
-            format!("{kind}/{name} has no revision {} (known: {})", b.revision, known.join(", ")),
+            format!(
+                "{kind}/{name} has no revision {} (known: {}; history older than the node's --history-revisions is compacted)",
+                b.revision,
+                known.join(", ")
+            ),
         ));
     }
     let revision = st.node.rollback(kind.as_str(), &name, b.revision).await?;

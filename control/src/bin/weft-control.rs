@@ -43,6 +43,10 @@ struct Args {
     /// Take a snapshot and compact the log every this many applied entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
+    /// How many revisions back resource history (`weftctl history`, `rollback`) reaches; older
+    /// rows are compacted, except each resource's current revision. 0 keeps everything.
+    #[arg(long, default_value_t = weft_control::store::DEFAULT_HISTORY_REVISIONS)]
+    history_revisions: u64,
     /// Commits within this many milliseconds become one xDS push.
     #[arg(long, default_value_t = 10)]
     xds_debounce_ms: u64,
@@ -96,6 +100,7 @@ fn main() -> anyhow::Result<()> {
     opts.join = args.join;
     opts.tokens = tokens;
     opts.snapshot_every = args.snapshot_every;
+    opts.history_revisions = args.history_revisions;
     opts.xds_debounce = Duration::from_millis(args.xds_debounce_ms);
     opts.autoscale_interval = Duration::from_secs_f64(args.autoscale_interval_s);
     opts.rollout_interval = Duration::from_secs_f64(args.rollout_interval_s);

@@ -35,7 +35,7 @@ use openraft::{ChangeMembers, Config, StorageError};
 
 pub use log::LogStore;
 pub use network::NoNetwork;
-pub use state::{SnapshotState, StateMachineStore};
+pub use state::{DEFAULT_HISTORY_REVISIONS, SnapshotState, StateMachineStore};
 pub use types::{
     Command, CommandError, CommandResult, ConfigRaft, HistoryEntry, Member, NodeId, Proposal,
     Resource, TypeConfig,
@@ -105,6 +105,13 @@ impl Store {
             log_db: Arc::new(log_db),
             shared: Arc::new(state::Shared::new(changes)),
         })
+    }
+
+    /// How many revisions back the resource history reaches (`--history-revisions`); older
+    /// rows are compacted as entries are applied, except each resource's current one. 0 keeps
+    /// everything. Default [`DEFAULT_HISTORY_REVISIONS`].
+    pub fn keep_history(&self, revisions: u64) {
+        self.shared.history_revisions.store(revisions, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Where the log of the store whose state file is `path` lives.

@@ -69,11 +69,18 @@ pub(crate) struct Shared {
     pub(crate) receiving: std::sync::Mutex<Option<std::time::Instant>>,
     /// How far the log file is durable, set by the log's writer; apply waits for it.
     pub(crate) durable: tokio::sync::watch::Sender<super::log_writer::Durable>,
+    /// History rows kept: revisions older than the applied index minus this are compacted
+    /// (see [`compact_history`]); 0 keeps everything.
+    pub(crate) history_revisions: AtomicU64,
 }
 
 impl Shared {
     pub(crate) fn new(changes: Changes) -> Self {
-        Self { changes: std::sync::Mutex::new(changes), ..Default::default() }
+        Self {
+            changes: std::sync::Mutex::new(changes),
+            history_revisions: AtomicU64::new(DEFAULT_HISTORY_REVISIONS),
+            ..Default::default()
+        }
     }
 
     /// Whether a snapshot began arriving less than `within` ago and is not installed yet.
@@ -317,6 +324,54 @@ fn apply_command(
     Ok(Ok(index))
 }
 
+/// Default of `--history-revisions`: how many revisions back the history reaches.
+pub const DEFAULT_HISTORY_REVISIONS: u64 = 100_000;
+
+/// Whether an apply of entries `first..=last` should compact, and below which revision: once
+/// every `keep / 10` entries (at most 1,000), so each pass scans few rows.
+fn compaction_due(first: u64, last: u64, keep: u64) -> Option<u64> {
+    if keep == 0 || last <= keep {
+        return None;
+    }
+    let every = (keep / 10).clamp(1, 1_000);
+    (first.saturating_sub(1) / every != last / every).then_some(last - keep)
+}
+
+/// Drops the history rows of revisions below `cutoff`, as etcd's compaction does, except each
+/// existing resource's current revision (its history then starts there, and `history` stops at
+/// the first missing row). A delete older than `cutoff` goes with its tombstone: the name's
+/// history is gone and a new resource of that name starts afresh. Returns the rows dropped.
+/// Runs inside an apply's transaction, at the same log indexes on every node.
+fn compact_history(tx: &WriteTransaction, cutoff: u64) -> Result<usize, redb::Error> {
+    let res = tx.open_table(RESOURCES)?;
+    let mut hist = tx.open_table(HISTORY)?;
+    let mut deleted = tx.open_table(DELETED)?;
+    let mut rows = Vec::new();
+    let mut tombstones = Vec::new();
+    for item in hist.range((0u64, "")..(cutoff, ""))? {
+        let (k, _) = item?;
+        let (revision, key) = k.value();
+        let current = match res.get(key)? {
+            Some(v) => db::from_json::<Resource>(v.value()).map_err(|e| redb::Error::Corrupted(e.to_string()))?.revision,
+            None => 0,
+        };
+        if current == revision {
+            continue;
+        }
+        if deleted.get(key)?.map(|d| d.value()) == Some(revision) {
+            tombstones.push(key.to_string());
+        }
+        rows.push((revision, key.to_string()));
+    }
+    for (revision, key) in &rows {
+        hist.remove((*revision, key.as_str()))?;
+    }
+    for key in tombstones {
+        deleted.remove(key.as_str())?;
+    }
+    Ok(rows.len())
+}
+
 /// One write in `HISTORY`: the value (None for a delete) and the key's previous revision
 /// (0 = none), which chains a key's history without a per-key index.
 #[derive(Debug, Serialize, Deserialize)]
@@ -528,6 +583,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<_> = entries.into_iter().collect();
+        let first = entries.first().map_or(0, |e| e.log_id.index);
         if let Some(last) = entries.last() {
             self.wait_durable(last.log_id.index).await?;
         }
@@ -575,6 +631,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
         if let Some(l) = last {
             put_meta(&tx, KEY_LAST_APPLIED, &Some(l))?;
+            let keep = self.shared.history_revisions.load(Ordering::Relaxed);
+            if let Some(cutoff) = compaction_due(first, l.index, keep) {
+                let dropped = compact_history(&tx, cutoff).map_err(sm_write)?;
+                tracing::debug!(cutoff, dropped, "history compacted");
+            }
         }
         if let Some(m) = membership {
             put_meta(&tx, KEY_MEMBERSHIP, &m)?;

@@ -687,3 +687,48 @@ async fn a_view_sees_one_revision_while_writes_land() {
     assert!(views > 10, "the reader ran alongside the writes ({views} views)");
     Arc::into_inner(node).unwrap().shutdown().await.unwrap();
 }
+
+/// With `keep_history(50)`, history reaches 50 revisions back (plus at most one compaction
+/// interval), a resource untouched since long ago keeps its current revision, an old delete
+/// takes its name's history with it, and rollback to a compacted revision is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_compacted_to_the_kept_revisions() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("s.redb")).unwrap();
+    store.keep_history(50);
+    let node = Node::start_single(1, Member::default(), &store, raft_config(1000, 0).unwrap()).await.unwrap();
+    let stable = node.write(put("service", "stable", "0", None)).await.unwrap();
+    node.write(put("service", "gone", "0", None)).await.unwrap();
+    node.write(del("service", "gone", None)).await.unwrap();
+    let first = node.write(put("service", "busy", "0", None)).await.unwrap();
+    let mut last = first;
+    for i in 1..200 {
+        last = node.write(put("service", "busy", &i.to_string(), None)).await.unwrap();
+    }
+    let h = node.local().history("service", "busy").unwrap();
+    assert!((50..=56).contains(&h.len()), "kept {} revisions of busy", h.len());
+    assert_eq!(h.last().unwrap().revision, last);
+    assert!(h.first().unwrap().revision >= last - 55, "oldest kept {}", h.first().unwrap().revision);
+    let s = node.local().history("service", "stable").unwrap();
+    assert_eq!(s.iter().map(|e| e.revision).collect::<Vec<_>>(), vec![stable], "the current revision stays");
+    assert!(node.local().history("service", "gone").unwrap().is_empty(), "an old delete is compacted away");
+    assert!(node.rollback("service", "busy", first).await.is_err(), "a compacted revision cannot be restored");
+    let kept = h[h.len() - 2].revision;
+    node.rollback("service", "busy", kept).await.unwrap();
+    assert_eq!(node.read("service", "busy").await.unwrap().unwrap().value_json, h[h.len() - 2].value_json.clone().unwrap());
+    // Recreating the deleted name starts a fresh history.
+    let again = node.write(put("service", "gone", "1", Some(0))).await.unwrap();
+    assert_eq!(node.local().history("service", "gone").unwrap().iter().map(|e| e.revision).collect::<Vec<_>>(), vec![again]);
+    node.shutdown().await.unwrap();
+
+    // Unlimited keeps everything.
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("s.redb")).unwrap();
+    store.keep_history(0);
+    let node = Node::start_single(1, Member::default(), &store, raft_config(1000, 0).unwrap()).await.unwrap();
+    for i in 0..120 {
+        node.write(put("service", "busy", &i.to_string(), None)).await.unwrap();
+    }
+    assert_eq!(node.local().history("service", "busy").unwrap().len(), 120);
+    node.shutdown().await.unwrap();
+}
