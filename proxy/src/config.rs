@@ -381,6 +381,10 @@ pub struct Telemetry {
     pub access_log: AccessLog,
     /// OpenTelemetry trace export over OTLP/gRPC; absent = nothing exported, no cost.
     pub otlp: Option<Otlp>,
+    /// A request series (one label set of `weft_requests_total` and its histograms) that sees
+    /// no request for this long is dropped from `/metrics`, as Linkerd's proxy does, so
+    /// endpoints that came and went do not grow the metrics forever; `0s` keeps every series.
+    pub retain_idle: Dur,
 }
 
 impl Default for Telemetry {
@@ -391,6 +395,7 @@ impl Default for Telemetry {
             model_version_header: "x-model-version".into(),
             access_log: AccessLog::default(),
             otlp: None,
+            retain_idle: Dur(std::time::Duration::from_secs(600)),
         }
     }
 }

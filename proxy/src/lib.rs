@@ -35,6 +35,7 @@ pub mod retry;
 pub mod route;
 pub mod server;
 pub mod shadow;
+pub mod series;
 pub mod sketch;
 pub mod snapshot;
 pub mod telemetry;

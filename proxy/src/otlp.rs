@@ -299,7 +299,7 @@ impl Exporter {
         let run_cfg = cfg.clone();
         let exports = |result: &'static str| t.counter("weft_otlp_metric_exports_total", vec![Label::new("result", result)]);
         let metrics = cfg.metrics_interval.non_zero().map(|interval| crate::otlp_metrics::MetricsJob {
-            handle: t.prometheus_handle(),
+            exposition: t.exposition(),
             interval,
             ok: exports("ok"),
             failed: exports("failed"),

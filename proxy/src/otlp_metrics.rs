@@ -186,7 +186,7 @@ fn unix_ns(t: SystemTime) -> u64 {
 
 /// What the metrics loop needs from the exporter.
 pub(crate) struct MetricsJob {
-    pub handle: metrics_exporter_prometheus::PrometheusHandle,
+    pub exposition: crate::telemetry::Exposition,
     pub interval: Duration,
     pub ok: Counter,
     pub failed: Counter,
@@ -212,7 +212,7 @@ pub(crate) async fn run(
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let metrics = convert(&job.handle.render(), start, unix_ns(SystemTime::now()));
+        let metrics = convert(&job.exposition.render(), start, unix_ns(SystemTime::now()));
         let body = ExportMetricsServiceRequest {
             resource_metrics: vec![ResourceMetrics {
                 resource: Some(resource.clone()),

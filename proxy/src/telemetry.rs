@@ -3,28 +3,23 @@
 //! (see `otlp`), started, replaced or stopped here as the telemetry config says.
 //!
 //! Each proxy instance owns its own Prometheus recorder (not the process-global one), so
-//! several proxies in one process (tests) keep separate `/metrics`. Handles are registered
-//! once per label set and cached, so the hot path does one hash lookup and a few atomic adds.
+//! several proxies in one process (tests) keep separate `/metrics`. The recorder holds the
+//! long-lived metrics (clusters, breakers, reloads); the per-request series live in `series`,
+//! which drops idle ones, and `/metrics` renders both.
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::HashSet;
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config;
-use crate::sketch::LogSketch;
+pub use crate::series::{Series, VariantKey, VariantTotals};
+use crate::series::SeriesStore;
 
 const META: Metadata<'static> = Metadata::new("weft", metrics::Level::INFO, None);
-
-/// Latency buckets in seconds: sub-ms proxy hops up to multi-minute LLM streams.
-const BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0, 300.0,
-];
 
 /// The labels of one request's series. Strings are shared with the config snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -42,24 +37,6 @@ pub struct Labels {
     pub shadow: bool,
 }
 
-impl Labels {
-    fn to_metric_labels(&self) -> Vec<Label> {
-        vec![
-            Label::new("service", self.service.to_string()),
-            Label::new("route", self.route.to_string()),
-            Label::new("experiment", self.experiment.to_string()),
-            Label::new("variant", self.variant.to_string()),
-            Label::new("cluster", self.cluster.to_string()),
-            Label::new("endpoint", self.endpoint.to_string()),
-            Label::new("status_class", self.status_class),
-            Label::new("model_name", self.model_name.to_string()),
-            Label::new("model_version", self.model_version.to_string()),
-            Label::new("tenant_id", self.tenant_id.to_string()),
-            Label::new("shadow", if self.shadow { "true" } else { "false" }),
-        ]
-    }
-}
-
 pub fn status_class(status: u16) -> &'static str {
     match status {
         100..=199 => "1xx",
@@ -70,126 +47,11 @@ pub fn status_class(status: u16) -> &'static str {
     }
 }
 
-/// Handles of one request series.
-pub struct Series {
-    pub requests: Counter,
-    pub duration: Histogram,
-    pub retries: Counter,
-    /// Time to the response's first body byte, and the tokens responses reported.
-    pub ttfb: Histogram,
-    pub input_tokens: Counter,
-    pub output_tokens: Counter,
-    /// Readable copies of the request count and latency sum (`metrics` handles are
-    /// write-only), summed per variant for the load reports sent to the control plane.
-    count: AtomicU64,
-    latency_us: AtomicU64,
-    tokens_in: AtomicU64,
-    tokens_out: AtomicU64,
-    /// Latencies and times to first byte of an experiment variant's requests (none for other
-    /// series): the load reports carry them so the control plane can judge the experiment.
-    /// One lock for both: a request takes it once.
-    sketches: Option<Mutex<Sketches>>,
-}
-
-#[derive(Default)]
-struct Sketches {
-    latency: LogSketch,
-    ttfb: LogSketch,
-}
-
-/// Cumulative per-variant totals since start (non-shadow requests); the reporter sends the
-/// differences between two readings.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VariantTotals {
-    pub requests: u64,
-    pub errors: u64,
-    pub latency_us: u64,
-    pub latency: LogSketch,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    /// Time to first byte, ms.
-    pub ttfb: LogSketch,
-}
-
-/// A variant as the load reports name it: (experiment, variant).
-pub type VariantKey = (String, String);
-
-/// FxHash (rustc's hasher): a few cycles per word instead of SipHash's rounds. The series cache
-/// is keyed by our own label values, so hash flooding is not a concern.
-#[derive(Default)]
-struct FxHasher(u64);
-impl Hasher for FxHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.write_u64(u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        }
-        for b in chunks.remainder() {
-            self.write_u64(*b as u64);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-/// The key is already a hash; don't hash it again.
-#[derive(Default)]
-struct IdHasher(u64);
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8) ^ *b as u64;
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type SeriesMap = HashMap<u64, Vec<(Labels, Arc<Series>)>, BuildHasherDefault<IdHasher>>;
-
-/// How many label sets each thread remembers in [`RECENT`].
-const RECENT_MAX: usize = 16;
-
-thread_local! {
-    /// The series this thread looked up last: (telemetry id, labels, series), newest last.
-    static RECENT: std::cell::RefCell<Vec<(u64, Labels, Arc<Series>)>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The same label strings, by identity. A request's labels are mostly the config snapshot's
-/// own `Arc<str>`s, so comparing pointers finds a series without hashing ten strings and taking
-/// the registry lock (≈500 instructions per request). Equal strings in different allocations
-/// just miss and take the slow path.
-fn same_strings(a: &Labels, b: &Labels) -> bool {
-    Arc::ptr_eq(&a.service, &b.service)
-        && Arc::ptr_eq(&a.route, &b.route)
-        && Arc::ptr_eq(&a.experiment, &b.experiment)
-        && Arc::ptr_eq(&a.variant, &b.variant)
-        && Arc::ptr_eq(&a.cluster, &b.cluster)
-        && Arc::ptr_eq(&a.endpoint, &b.endpoint)
-        && Arc::ptr_eq(&a.model_name, &b.model_name)
-        && Arc::ptr_eq(&a.model_version, &b.model_version)
-        && Arc::ptr_eq(&a.tenant_id, &b.tenant_id)
-        && a.status_class == b.status_class
-        && a.shadow == b.shadow
-}
-
-/// Telemetry instances, told apart in the per-thread cache (tests run several proxies).
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
 pub struct Telemetry {
-    /// This instance in [`RECENT`].
-    id: u64,
     recorder: PrometheusRecorder,
-    handle: PrometheusHandle,
-    series: Mutex<SeriesMap>,
+    exposition: Exposition,
+    /// Request series idle this long are dropped (`telemetry.retain_idle`; 0 = never).
+    retain_idle_ms: AtomicU64,
     tenants: Mutex<HashSet<Arc<str>>>,
     tenant_limit: AtomicUsize,
     access_log: Mutex<Option<AccessLog>>,
@@ -200,6 +62,21 @@ pub struct Telemetry {
     pub empty: Arc<str>,
 }
 
+/// The `/metrics` text: the registry's metrics, then the request series.
+#[derive(Clone)]
+pub(crate) struct Exposition {
+    handle: PrometheusHandle,
+    series: Arc<SeriesStore>,
+}
+
+impl Exposition {
+    pub(crate) fn render(&self) -> String {
+        let mut out = self.handle.render();
+        self.series.render(&mut out);
+        out
+    }
+}
+
 struct AccessLog {
     sample: f64,
     out: Box<dyn Write + Send>,
@@ -208,24 +85,24 @@ struct AccessLog {
 impl Telemetry {
     pub fn new(node: &config::Node) -> Telemetry {
         let mut b = PrometheusBuilder::new()
-            .set_buckets(BUCKETS)
+            .set_buckets(crate::series::BUCKETS)
             .expect("static bucket list is non-empty");
-        for (k, v) in [
-            ("node", &node.id),
+        let global = [
+            ("node", node.id.as_str()),
             ("team", &node.team),
             ("project", &node.project),
             ("run_id", &node.run_id),
             ("job_type", &node.job_type),
-        ] {
-            b = b.add_global_label(k, v.clone());
+        ];
+        for (k, v) in global {
+            b = b.add_global_label(k, v);
         }
         let recorder = b.build_recorder();
-        let handle = recorder.handle();
+        let exposition = Exposition { handle: recorder.handle(), series: Arc::new(SeriesStore::new(&global)) };
         let t = Telemetry {
-            id: NEXT_ID.fetch_add(1, Relaxed),
             recorder,
-            handle,
-            series: Mutex::new(HashMap::default()),
+            exposition,
+            retain_idle_ms: AtomicU64::new(config::Telemetry::default().retain_idle.0.as_millis() as u64),
             tenants: Mutex::new(HashSet::new()),
             tenant_limit: AtomicUsize::new(50),
             access_log: Mutex::new(None),
@@ -242,11 +119,6 @@ impl Telemetry {
         let d = |name: &'static str, help: &'static str| {
             self.recorder.describe_counter(name.into(), None, help.into());
         };
-        d("weft_requests_total", "Requests by service, route, variant, cluster, endpoint, status class, model, tenant; shadow copies labelled shadow=\"true\".");
-        d("weft_request_duration_seconds", "Time from request received to response body end.");
-        d("weft_retries_total", "Upstream retries (attempts after the first).");
-        d("weft_time_to_first_byte_seconds", "Time from request received to the response's first body byte (the first token of a stream).");
-        d("weft_tokens_total", "Tokens responses reported in their usage object, by direction (input, output).");
         d("weft_otlp_metric_exports_total", "OTLP metric exports of the registry, by result (ok, failed).");
         d("weft_requests_in_flight", "Upstream requests in flight per cluster.");
         d("weft_variant_requests_in_flight", "Requests in flight per experiment variant (response streams included).");
@@ -290,6 +162,7 @@ impl Telemetry {
         // Already-admitted tenants keep their label when the limit shrinks: relabelling a live
         // series would break its counters.
         self.tenant_limit.store(t.tenant_top_n, Relaxed);
+        self.retain_idle_ms.store(t.retain_idle.0.as_millis() as u64, Relaxed);
         Ok(())
     }
 
@@ -341,51 +214,9 @@ impl Telemetry {
         self.other.clone()
     }
 
-    /// Handles for a label set, registered on first use.
+    /// The request series of a label set, created on first use.
     pub fn series(&self, labels: &Labels) -> Arc<Series> {
-        let recent = RECENT.with(|r| {
-            r.borrow().iter().rev().find(|(id, l, _)| *id == self.id && same_strings(l, labels)).map(|(_, _, s)| s.clone())
-        });
-        if let Some(s) = recent {
-            return s;
-        }
-        let s = self.registered_series(labels);
-        RECENT.with(|r| {
-            let mut r = r.borrow_mut();
-            if r.len() >= RECENT_MAX {
-                r.remove(0);
-            }
-            r.push((self.id, labels.clone(), s.clone()));
-        });
-        s
-    }
-
-    /// The registry's handles for a label set (by content), registered on first use.
-    fn registered_series(&self, labels: &Labels) -> Arc<Series> {
-        let mut h = FxHasher::default();
-        std::hash::Hash::hash(labels, &mut h);
-        let key = h.finish();
-        let mut map = self.series.lock().unwrap();
-        let bucket = map.entry(key).or_default();
-        if let Some((_, s)) = bucket.iter().find(|(l, _)| l == labels) {
-            return s.clone();
-        }
-        let ml = labels.to_metric_labels();
-        let s = Arc::new(Series {
-            requests: self.counter("weft_requests_total", ml.clone()),
-            duration: self.histogram("weft_request_duration_seconds", ml.clone()),
-            retries: self.counter("weft_retries_total", ml.clone()),
-            ttfb: self.histogram("weft_time_to_first_byte_seconds", ml.clone()),
-            input_tokens: self.counter("weft_tokens_total", with(&ml, "direction", "input")),
-            output_tokens: self.counter("weft_tokens_total", with(&ml, "direction", "output")),
-            count: AtomicU64::new(0),
-            latency_us: AtomicU64::new(0),
-            tokens_in: AtomicU64::new(0),
-            tokens_out: AtomicU64::new(0),
-            sketches: (!labels.shadow && !labels.variant.is_empty()).then(|| Mutex::new(Sketches::default())),
-        });
-        bucket.push((labels.clone(), s.clone()));
-        s
+        self.exposition.series.get(labels)
     }
 
     pub fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {
@@ -398,20 +229,24 @@ impl Telemetry {
         self.recorder.register_histogram(&Key::from_parts(name, labels), &META)
     }
 
-    /// The registry's handle (the OTLP metrics export reads it too).
-    pub(crate) fn prometheus_handle(&self) -> metrics_exporter_prometheus::PrometheusHandle {
-        self.handle.clone()
+    /// What `/metrics` serves (the OTLP metrics export reads it too).
+    pub(crate) fn exposition(&self) -> Exposition {
+        self.exposition.clone()
     }
 
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
-        self.handle.render()
+        self.exposition.render()
     }
 
-    /// Drain histogram samples into their buckets; run periodically so an unscraped proxy
-    /// does not accumulate raw samples.
+    /// Drain histogram samples into their buckets, so an unscraped proxy does not accumulate
+    /// raw samples, and drop request series idle for `retain_idle`; run every second.
     pub fn upkeep(&self) {
-        self.handle.run_upkeep();
+        self.exposition.handle.run_upkeep();
+        let dropped = self.exposition.series.sweep(crate::clock::now_ms(), self.retain_idle_ms.load(Relaxed));
+        if dropped > 0 {
+            tracing::debug!(dropped, "idle request series dropped");
+        }
     }
 
     /// Record a finished request (or shadow copy).
@@ -431,18 +266,15 @@ impl Telemetry {
     ) {
         let s = self.series(labels);
         if let Some(d) = ttfb {
-            s.ttfb.record(d.as_secs_f64());
+            s.ttfb.record(d);
         }
         if let Some(t) = tokens {
-            s.input_tokens.increment(t.input);
-            s.output_tokens.increment(t.output);
-            s.tokens_in.fetch_add(t.input, Ordering::Relaxed);
-            s.tokens_out.fetch_add(t.output, Ordering::Relaxed);
+            s.tokens_in.fetch_add(t.input, Relaxed);
+            s.tokens_out.fetch_add(t.output, Relaxed);
         }
-        s.requests.increment(1);
-        s.duration.record(duration.as_secs_f64());
-        s.count.fetch_add(1, Ordering::Relaxed);
-        s.latency_us.fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
+        s.requests.fetch_add(1, Relaxed);
+        s.duration.record(duration);
+        s.latency_us.fetch_add(duration.as_micros() as u64, Relaxed);
         if let Some(sk) = &s.sketches {
             let mut sk = sk.lock().unwrap();
             sk.latency.add(duration.as_secs_f64() * 1000.0);
@@ -451,35 +283,14 @@ impl Telemetry {
             }
         }
         if retries > 0 {
-            s.retries.increment(retries as u64);
+            s.retries.fetch_add(retries as u64, Relaxed);
         }
     }
 
-    /// Per-variant totals over every series (5xx series count as errors; shadow copies and
-    /// requests outside an experiment are left out).
+    /// Per-variant totals since start (shadow copies and requests outside an experiment are
+    /// left out; 5xx series count as errors), dropped idle series included.
     pub fn variant_totals(&self) -> std::collections::BTreeMap<VariantKey, VariantTotals> {
-        let mut out: std::collections::BTreeMap<VariantKey, VariantTotals> = std::collections::BTreeMap::new();
-        let map = self.series.lock().unwrap();
-        for (labels, s) in map.values().flatten() {
-            if labels.shadow || labels.variant.is_empty() {
-                continue;
-            }
-            let t = out.entry((labels.experiment.to_string(), labels.variant.to_string())).or_default();
-            let n = s.count.load(Ordering::Relaxed);
-            t.requests += n;
-            if labels.status_class == "5xx" {
-                t.errors += n;
-            }
-            t.latency_us += s.latency_us.load(Ordering::Relaxed);
-            if let Some(sk) = &s.sketches {
-                let sk = sk.lock().unwrap();
-                t.latency.merge(&sk.latency);
-                t.ttfb.merge(&sk.ttfb);
-            }
-            t.input_tokens += s.tokens_in.load(Ordering::Relaxed);
-            t.output_tokens += s.tokens_out.load(Ordering::Relaxed);
-        }
-        out
+        self.exposition.series.variant_totals()
     }
 
     pub fn access_log_enabled(&self) -> bool {
@@ -500,12 +311,6 @@ impl Telemetry {
     }
 }
 
-/// `labels` plus one more.
-fn with(labels: &[Label], k: &'static str, v: &'static str) -> Vec<Label> {
-    let mut out = labels.to_vec();
-    out.push(Label::new(k, v));
-    out
-}
 
 /// W3C trace context: continue the caller's trace with a new span id, or start a trace.
 /// Returns the `traceparent` value to send upstream (`00-<trace>-<span>-<flags>`), written

@@ -198,6 +198,36 @@ async fn access_log_and_tenant_cardinality_cap() {
     let _ = std::fs::remove_file(&log);
 }
 
+/// A request series idle for `retain_idle` leaves `/metrics`; a busy one stays; an idle one
+/// that sees traffic again starts over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_request_series_leave_the_metrics() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let cfg = format!("{}\ntelemetry: {{retain_idle: 1s}}\n", ab_config(&a, &b, "", (1, 0)));
+    let p = start_proxy(&cfg);
+    let c = client();
+    let send = |tenant: &'static str| {
+        let c = c.clone();
+        let addr = p.listener_addrs[0];
+        async move { assert_eq!(get(&c, addr, "ranker", "/v2/models/m/infer", &[("x-tenant-id", tenant)]).await.0, 200) }
+    };
+    send("t1").await;
+    send("t1").await;
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert_eq!(metric_sum(&m, "weft_requests_total", &[("tenant_id", "t1")]), 2.0, "{m}");
+    for _ in 0..16 {
+        send("t2").await;
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert!(!m.contains("tenant_id=\"t1\""), "t1's series, idle for 4 s, is gone: {m}");
+    assert_eq!(metric_sum(&m, "weft_requests_total", &[("tenant_id", "t2")]), 16.0, "the busy series stays");
+    send("t1").await;
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert_eq!(metric_sum(&m, "weft_requests_total", &[("tenant_id", "t1")]), 1.0, "a fresh series: {m}");
+    assert_eq!(metric_sum(&m, "weft_request_duration_seconds_count", &[("tenant_id", "t1")]), 1.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_read_timeout_closes_slow_clients_when_set() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

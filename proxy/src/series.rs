@@ -1,0 +1,467 @@
+//! Request series: the per-request metrics — requests, the duration and time-to-first-byte
+//! histograms, retries, tokens — one series per label set, kept in weft's own atomics and
+//! rendered by weft next to the registry's metrics.
+//!
+//! Why not `metrics` handles: a series is labelled by endpoint, tenant and status class, and
+//! endpoints come and go (autoscaling, restarts), so series must be dropped once idle, as
+//! Linkerd's proxy does (`telemetry.retain_idle`). The `metrics` registry can only forget a key
+//! by its own idle timer, and a handle still cached here would then write into storage nobody
+//! renders. Owning the storage makes dropping a series one map removal, and a histogram record
+//! two atomic adds instead of a sample pushed for the upkeep to drain.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::sketch::LogSketch;
+use crate::telemetry::Labels;
+
+/// Latency buckets in seconds: sub-ms proxy hops up to multi-minute LLM streams.
+pub const BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0,
+];
+
+/// A fixed-bucket latency histogram: per-bucket counts (not cumulative), total count, sum.
+pub struct Hist {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Default for Hist {
+    fn default() -> Self {
+        Hist { buckets: std::array::from_fn(|_| AtomicU64::new(0)), count: AtomicU64::new(0), sum_ns: AtomicU64::new(0) }
+    }
+}
+
+impl Hist {
+    pub fn record(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        // Prometheus buckets are `le`: a value equal to a bound belongs to that bound's bucket.
+        let i = BUCKETS.partition_point(|b| *b < secs);
+        if let Some(b) = self.buckets.get(i) {
+            b.fetch_add(1, Relaxed);
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
+    }
+}
+
+/// One request series.
+#[derive(Default)]
+pub struct Series {
+    pub(crate) requests: AtomicU64,
+    /// Sum of request durations, µs (the load reports' mean latency).
+    pub(crate) latency_us: AtomicU64,
+    pub(crate) retries: AtomicU64,
+    pub(crate) tokens_in: AtomicU64,
+    pub(crate) tokens_out: AtomicU64,
+    pub(crate) duration: Hist,
+    /// Time to the response's first body byte.
+    pub(crate) ttfb: Hist,
+    /// Latencies and times to first byte of an experiment variant's requests (none for other
+    /// series): the load reports carry them so the control plane can judge the experiment.
+    /// One lock for both: a request takes it once.
+    pub(crate) sketches: Option<Mutex<Sketches>>,
+}
+
+#[derive(Default)]
+pub(crate) struct Sketches {
+    pub(crate) latency: LogSketch,
+    pub(crate) ttfb: LogSketch,
+}
+
+/// Cumulative per-variant totals since start (non-shadow requests); the reporter sends the
+/// differences between two readings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VariantTotals {
+    pub requests: u64,
+    pub errors: u64,
+    pub latency_us: u64,
+    pub latency: LogSketch,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Time to first byte, ms.
+    pub ttfb: LogSketch,
+}
+
+impl VariantTotals {
+    /// Adds one series' counts (5xx series count as errors).
+    fn add(&mut self, labels: &Labels, s: &Series) {
+        let n = s.requests.load(Relaxed);
+        self.requests += n;
+        if labels.status_class == "5xx" {
+            self.errors += n;
+        }
+        self.latency_us += s.latency_us.load(Relaxed);
+        if let Some(sk) = &s.sketches {
+            let sk = sk.lock().unwrap();
+            self.latency.merge(&sk.latency);
+            self.ttfb.merge(&sk.ttfb);
+        }
+        self.input_tokens += s.tokens_in.load(Relaxed);
+        self.output_tokens += s.tokens_out.load(Relaxed);
+    }
+}
+
+/// A variant as the load reports name it: (experiment, variant).
+pub type VariantKey = (String, String);
+
+/// FxHash (rustc's hasher): a few cycles per word instead of SipHash's rounds. The series map
+/// is keyed by our own label values, so hash flooding is not a concern.
+#[derive(Default)]
+struct FxHasher(u64);
+impl Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.write_u64(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        for b in chunks.remainder() {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+/// The key is already a hash; don't hash it again.
+#[derive(Default)]
+struct IdHasher(u64);
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) ^ *b as u64;
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A series in the map, with what the idle sweep last saw of it.
+struct Entry {
+    labels: Labels,
+    series: Arc<Series>,
+    /// Request count at the last sweep that saw it change, and when (clock ms).
+    seen: u64,
+    seen_at_ms: u64,
+}
+
+type SeriesMap = HashMap<u64, Vec<Entry>, BuildHasherDefault<IdHasher>>;
+
+/// How many label sets each thread remembers in [`RECENT`].
+const RECENT_MAX: usize = 16;
+
+/// A thread's remembered series: store id, store epoch, labels, series.
+type Recent = (u64, u64, Labels, Arc<Series>);
+
+thread_local! {
+    /// The series this thread looked up last, newest last.
+    static RECENT: std::cell::RefCell<Vec<Recent>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The same label strings, by identity. A request's labels are mostly the config snapshot's
+/// own `Arc<str>`s, so comparing pointers finds a series without hashing ten strings and taking
+/// the map lock (≈500 instructions per request). Equal strings in different allocations just
+/// miss and take the slow path.
+fn same_strings(a: &Labels, b: &Labels) -> bool {
+    Arc::ptr_eq(&a.service, &b.service)
+        && Arc::ptr_eq(&a.route, &b.route)
+        && Arc::ptr_eq(&a.experiment, &b.experiment)
+        && Arc::ptr_eq(&a.variant, &b.variant)
+        && Arc::ptr_eq(&a.cluster, &b.cluster)
+        && Arc::ptr_eq(&a.endpoint, &b.endpoint)
+        && Arc::ptr_eq(&a.model_name, &b.model_name)
+        && Arc::ptr_eq(&a.model_version, &b.model_version)
+        && Arc::ptr_eq(&a.tenant_id, &b.tenant_id)
+        && a.status_class == b.status_class
+        && a.shadow == b.shadow
+}
+
+/// Stores told apart in the per-thread cache (tests run several proxies in one process).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Every request series of one proxy.
+pub struct SeriesStore {
+    /// This store in [`RECENT`].
+    id: u64,
+    /// Bumped when the sweep drops series, so no thread keeps handing out a dropped one.
+    epoch: AtomicU64,
+    map: Mutex<SeriesMap>,
+    /// Totals of dropped series, so the load reports' cumulative totals never go back.
+    retired: Mutex<BTreeMap<VariantKey, VariantTotals>>,
+    /// The proxy's identity labels, rendered once: `node="n1",team="ml",...,`.
+    global: String,
+}
+
+impl SeriesStore {
+    /// `global`: the identity labels every series carries, in order.
+    pub fn new(global: &[(&str, &str)]) -> SeriesStore {
+        let mut g = String::new();
+        for (k, v) in global {
+            let _ = write!(g, "{k}=\"{}\",", Escaped(v));
+        }
+        SeriesStore {
+            id: NEXT_ID.fetch_add(1, Relaxed),
+            epoch: AtomicU64::new(0),
+            map: Mutex::new(HashMap::default()),
+            retired: Mutex::new(BTreeMap::new()),
+            global: g,
+        }
+    }
+
+    /// The series of a label set, created on first use.
+    pub fn get(&self, labels: &Labels) -> Arc<Series> {
+        let epoch = self.epoch.load(Relaxed);
+        let recent = RECENT.with(|r| {
+            r.borrow()
+                .iter()
+                .rev()
+                .find(|(id, e, l, _)| *id == self.id && *e == epoch && same_strings(l, labels))
+                .map(|(.., s)| s.clone())
+        });
+        if let Some(s) = recent {
+            return s;
+        }
+        let s = self.registered(labels);
+        RECENT.with(|r| {
+            let mut r = r.borrow_mut();
+            r.retain(|(id, e, ..)| *id != self.id || *e == epoch);
+            if r.len() >= RECENT_MAX {
+                r.remove(0);
+            }
+            r.push((self.id, epoch, labels.clone(), s.clone()));
+        });
+        s
+    }
+
+    /// The map's series for a label set (by content), created on first use.
+    fn registered(&self, labels: &Labels) -> Arc<Series> {
+        let mut h = FxHasher::default();
+        std::hash::Hash::hash(labels, &mut h);
+        let mut map = self.map.lock().unwrap();
+        let bucket = map.entry(h.finish()).or_default();
+        if let Some(e) = bucket.iter().find(|e| e.labels == *labels) {
+            return e.series.clone();
+        }
+        let series = Arc::new(Series {
+            sketches: (!labels.shadow && !labels.variant.is_empty()).then(|| Mutex::new(Sketches::default())),
+            ..Default::default()
+        });
+        bucket.push(Entry { labels: labels.clone(), series: series.clone(), seen: 0, seen_at_ms: crate::clock::now_ms() });
+        series
+    }
+
+    /// Drops the series whose request count has not moved for `retain_ms` (0 = keep all);
+    /// returns how many. A dropped series that sees traffic again starts from zero (a counter
+    /// reset, which Prometheus' `rate` handles); its totals stay in the load reports'.
+    pub fn sweep(&self, now_ms: u64, retain_ms: u64) -> usize {
+        let mut dropped = Vec::new();
+        {
+            let mut map = self.map.lock().unwrap();
+            map.retain(|_, bucket| {
+                bucket.retain_mut(|e| {
+                    let n = e.series.requests.load(Relaxed);
+                    if n != e.seen {
+                        (e.seen, e.seen_at_ms) = (n, now_ms);
+                    }
+                    let keep = retain_ms == 0 || now_ms.saturating_sub(e.seen_at_ms) < retain_ms;
+                    if !keep {
+                        dropped.push((e.labels.clone(), e.series.clone()));
+                    }
+                    keep
+                });
+                !bucket.is_empty()
+            });
+            if !dropped.is_empty() {
+                // Inside the map lock: a lookup after this sees the new epoch and the map without them.
+                self.epoch.fetch_add(1, Relaxed);
+            }
+        }
+        let mut retired = self.retired.lock().unwrap();
+        for (labels, s) in &dropped {
+            if !labels.shadow && !labels.variant.is_empty() {
+                retired.entry((labels.experiment.to_string(), labels.variant.to_string())).or_default().add(labels, s);
+            }
+        }
+        dropped.len()
+    }
+
+    /// How many series are kept.
+    pub fn kept(&self) -> usize {
+        self.map.lock().unwrap().values().map(Vec::len).sum()
+    }
+
+    /// Per-variant totals since start (shadow copies and requests outside an experiment are
+    /// left out), dropped series included.
+    pub fn variant_totals(&self) -> BTreeMap<VariantKey, VariantTotals> {
+        let mut out = self.retired.lock().unwrap().clone();
+        let map = self.map.lock().unwrap();
+        for e in map.values().flatten() {
+            if e.labels.shadow || e.labels.variant.is_empty() {
+                continue;
+            }
+            out.entry((e.labels.experiment.to_string(), e.labels.variant.to_string())).or_default().add(&e.labels, &e.series);
+        }
+        out
+    }
+
+    /// Appends the Prometheus text exposition of every series.
+    pub fn render(&self, out: &mut String) {
+        let map = self.map.lock().unwrap();
+        let entries: Vec<(String, &Series)> = map.values().flatten().map(|e| (self.label_text(&e.labels), &*e.series)).collect();
+        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        };
+        family(out, "weft_requests_total", "counter", HELP_REQUESTS);
+        for (l, s) in &entries {
+            let _ = writeln!(out, "weft_requests_total{{{l}}} {}", s.requests.load(Relaxed));
+        }
+        family(out, "weft_retries_total", "counter", "Upstream retries (attempts after the first).");
+        for (l, s) in &entries {
+            let _ = writeln!(out, "weft_retries_total{{{l}}} {}", s.retries.load(Relaxed));
+        }
+        family(out, "weft_tokens_total", "counter", "Tokens responses reported in their usage object, by direction (input, output).");
+        for (l, s) in &entries {
+            let _ = writeln!(out, "weft_tokens_total{{{l},direction=\"input\"}} {}", s.tokens_in.load(Relaxed));
+            let _ = writeln!(out, "weft_tokens_total{{{l},direction=\"output\"}} {}", s.tokens_out.load(Relaxed));
+        }
+        for (name, help, hist) in [
+            ("weft_request_duration_seconds", "Time from request received to response body end.", (|s: &Series| &s.duration) as fn(&Series) -> &Hist),
+            ("weft_time_to_first_byte_seconds", "Time from request received to the response's first body byte (the first token of a stream).", |s: &Series| &s.ttfb),
+        ] {
+            family(out, name, "histogram", help);
+            for (l, s) in &entries {
+                let h = hist(s);
+                let mut cumulative = 0;
+                for (le, b) in BUCKETS.iter().zip(&h.buckets) {
+                    cumulative += b.load(Relaxed);
+                    let _ = writeln!(out, "{name}_bucket{{{l},le=\"{le}\"}} {cumulative}");
+                }
+                let count = h.count.load(Relaxed);
+                let _ = writeln!(out, "{name}_bucket{{{l},le=\"+Inf\"}} {count}");
+                let _ = writeln!(out, "{name}_sum{{{l}}} {}", h.sum_ns.load(Relaxed) as f64 / 1e9);
+                let _ = writeln!(out, "{name}_count{{{l}}} {count}");
+            }
+        }
+    }
+
+    /// `global...,service="s",...,shadow="false"` (no braces).
+    fn label_text(&self, l: &Labels) -> String {
+        let mut t = self.global.clone();
+        for (k, v) in [
+            ("service", &*l.service),
+            ("route", &l.route),
+            ("experiment", &l.experiment),
+            ("variant", &l.variant),
+            ("cluster", &l.cluster),
+            ("endpoint", &l.endpoint),
+            ("status_class", l.status_class),
+            ("model_name", &l.model_name),
+            ("model_version", &l.model_version),
+            ("tenant_id", &l.tenant_id),
+        ] {
+            let _ = write!(t, "{k}=\"{}\",", Escaped(v));
+        }
+        t.push_str(if l.shadow { "shadow=\"true\"" } else { "shadow=\"false\"" });
+        t
+    }
+}
+
+const HELP_REQUESTS: &str =
+    "Requests by service, route, variant, cluster, endpoint, status class, model, tenant; shadow copies labelled shadow=\"true\".";
+
+/// A label value escaped for the text exposition format: `\`, `"` and line feeds.
+struct Escaped<'a>(&'a str);
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for c in self.0.chars() {
+            match c {
+                '\\' => f.write_str("\\\\")?,
+                '"' => f.write_str("\\\"")?,
+                '\n' => f.write_str("\\n")?,
+                c => f.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(variant: &str, class: &'static str) -> Labels {
+        Labels { experiment: Arc::from("e"), variant: Arc::from(variant), status_class: class, ..Default::default() }
+    }
+
+    #[test]
+    fn histograms_render_cumulative_le_buckets() {
+        let st = SeriesStore::new(&[("node", "n1")]);
+        let s = st.get(&labels("a", "2xx"));
+        s.duration.record(Duration::from_micros(300));
+        s.duration.record(Duration::from_millis(1));
+        s.duration.record(Duration::from_secs(400));
+        let mut out = String::new();
+        st.render(&mut out);
+        let line = |needle: &str| out.lines().find(|l| l.starts_with("weft_request_duration_seconds") && l.contains(needle)).unwrap().to_string();
+        assert!(line("le=\"0.0005\"").ends_with(" 1"), "{out}");
+        assert!(line("le=\"0.001\"").ends_with(" 2"), "a value on a bound is in that bucket");
+        assert!(line("le=\"300\"").ends_with(" 2"));
+        assert!(line("le=\"+Inf\"").ends_with(" 3"));
+        assert!(line("_sum").ends_with(" 400.0013"), "{}", line("_sum"));
+        assert!(line("_bucket").starts_with("weft_request_duration_seconds_bucket{node=\"n1\",service=\"\""));
+        assert_eq!(out.matches("# TYPE weft_request_duration_seconds histogram").count(), 1);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let st = SeriesStore::new(&[]);
+        let l = Labels { route: Arc::from("a\"b\\c\nd"), status_class: "2xx", ..Default::default() };
+        st.get(&l).requests.fetch_add(1, Relaxed);
+        let mut out = String::new();
+        st.render(&mut out);
+        assert!(out.contains(r#"route="a\"b\\c\nd""#), "{out}");
+    }
+
+    /// A series with no requests for `retain` is dropped: no longer rendered, not handed out
+    /// by any thread's cache, and its counts stay in the variant totals.
+    #[test]
+    fn idle_series_are_dropped_and_their_totals_kept() {
+        let st = SeriesStore::new(&[]);
+        let (busy, idle) = (labels("a", "2xx"), labels("b", "5xx"));
+        for l in [&busy, &idle] {
+            st.get(l).requests.fetch_add(3, Relaxed);
+        }
+        assert_eq!(st.sweep(1_000, 60_000), 0);
+        st.get(&busy).requests.fetch_add(1, Relaxed);
+        assert_eq!(st.sweep(40_000, 60_000), 0);
+        st.get(&busy).requests.fetch_add(1, Relaxed);
+        assert_eq!(st.sweep(70_000, 60_000), 1, "b has been idle since 1 s");
+        assert_eq!(st.kept(), 1);
+        let mut out = String::new();
+        st.render(&mut out);
+        assert!(!out.contains("variant=\"b\""), "{out}");
+        let totals = st.variant_totals();
+        assert_eq!(totals[&("e".to_string(), "b".to_string())].errors, 3, "a dropped series still counts");
+        assert_eq!(totals[&("e".to_string(), "a".to_string())].requests, 5);
+        // This thread's cache must not return the dropped series: a new one starts at zero.
+        let again = st.get(&idle);
+        assert_eq!(again.requests.load(Relaxed), 0);
+        again.requests.fetch_add(2, Relaxed);
+        assert_eq!(st.variant_totals()[&("e".to_string(), "b".to_string())].requests, 5, "retired 3 + new 2");
+        assert_eq!(st.sweep(10_000_000, 0), 0, "retain 0 keeps everything");
+    }
+}
