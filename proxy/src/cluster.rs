@@ -24,8 +24,20 @@ pub struct Endpoint {
     pub load: lb::Load,
     pub health: Health,
     pools: Box<[Pool]>,
-    ejected_gauge: Gauge,
-    ejections: Counter,
+    /// The cluster's name (the endpoint's metrics are labelled with it).
+    cluster: Arc<str>,
+    ejections: std::sync::atomic::AtomicU64,
+}
+
+/// An endpoint's metrics are read at scrape time, so they leave `/metrics` with the endpoint
+/// (removed from the config, scaled away) instead of staying forever at their last value.
+impl crate::series::Live for Endpoint {
+    fn samples(&self, now_ms: u64, out: &mut Vec<(&'static str, String, f64)>) {
+        let labels = crate::series::label_pairs(&[("cluster", &self.cluster), ("endpoint", &self.label)]);
+        let ejected = if self.health.is_ejected(now_ms) { 1.0 } else { 0.0 };
+        out.push(("weft_outlier_ejections_total", labels.clone(), self.ejections.load(Relaxed) as f64));
+        out.push(("weft_endpoint_ejected", labels, ejected));
+    }
 }
 
 impl Endpoint {
@@ -109,17 +121,18 @@ impl Cluster {
             endpoints.push(match reused {
                 Some(e) => e,
                 None => {
-                    let labels = vec![Label::new("cluster", cfg.name.clone()), Label::new("endpoint", ep.clone())];
-                    Arc::new(Endpoint {
+                    let e = Arc::new(Endpoint {
                         addr,
                         label: Arc::from(ep.as_str()),
                         protocol: cfg.protocol,
                         load: lb::Load::new(now_ms()),
                         health: Health::default(),
                         pools: (0..workers.max(1)).map(|_| Pool::default()).collect(),
-                        ejected_gauge: tel.gauge("weft_endpoint_ejected", labels.clone()),
-                        ejections: tel.counter("weft_outlier_ejections_total", labels),
-                    })
+                        cluster: name.clone(),
+                        ejections: Default::default(),
+                    });
+                    tel.track(Arc::downgrade(&(e.clone() as Arc<dyn crate::series::Live>)));
+                    e
                 }
             });
         }
@@ -264,19 +277,14 @@ impl Cluster {
             let ejected = self.endpoints.iter().filter(|e| e.health.is_ejected(now)).count();
             if !e.health.is_ejected(now) && outlier::may_eject(settings, ejected, self.endpoints.len()) {
                 let until = e.health.eject(settings, now);
-                e.ejections.increment(1);
-                e.ejected_gauge.set(1.0);
+                e.ejections.fetch_add(1, Relaxed);
                 tracing::warn!(cluster = %self.name, endpoint = %e.label, for_ms = until - now, "endpoint ejected");
             }
         }
     }
 
-    /// Refresh gauges that change with time alone (ejections expiring, breaker half-opening).
+    /// Refresh gauges that change with time alone (breaker half-opening).
     pub fn refresh_gauges(&self) {
-        let now = now_ms();
-        for e in &self.endpoints {
-            e.ejected_gauge.set(if e.health.is_ejected(now) { 1.0 } else { 0.0 });
-        }
         if let Some(s) = self.breaker_state() {
             self.breaker_gauge.set(s.code() as f64);
         }

@@ -358,6 +358,11 @@ impl SeriesStore {
         }
     }
 
+    /// The identity labels, rendered: `node="n1",...,` (each followed by a comma).
+    pub fn global_labels(&self) -> &str {
+        &self.global
+    }
+
     /// `global...,service="s",...,shadow="false"` (no braces).
     fn label_text(&self, l: &Labels) -> String {
         let mut t = self.global.clone();
@@ -378,6 +383,72 @@ impl SeriesStore {
         t.push_str(if l.shadow { "shadow=\"true\"" } else { "shadow=\"false\"" });
         t
     }
+}
+
+/// Metrics read from a live object at scrape time, so they leave `/metrics` with the object:
+/// per-endpoint state, whose endpoints come and go with the config. Objects are tracked by a
+/// weak reference ([`LiveSet`]); nothing is registered or removed by hand.
+pub trait Live: Send + Sync {
+    /// Appends this object's samples: (family, `k="v",...` labels, value).
+    fn samples(&self, now_ms: u64, out: &mut Vec<(&'static str, String, f64)>);
+}
+
+/// The families [`Live`] objects report: name, type, help.
+const LIVE_FAMILIES: &[(&str, &str, &str)] = &[
+    ("weft_endpoint_ejected", "gauge", "1 while an endpoint is ejected."),
+    ("weft_outlier_ejections_total", "counter", "Endpoints ejected by outlier detection."),
+];
+
+/// The tracked [`Live`] objects of one proxy.
+#[derive(Default)]
+pub struct LiveSet(Mutex<Tracked>);
+
+#[derive(Default)]
+struct Tracked {
+    objects: Vec<std::sync::Weak<dyn Live>>,
+    /// Length after the last pruning: tracking prunes when the list has doubled since, so an
+    /// unscraped proxy that reloads often does not keep every dropped endpoint's allocation.
+    pruned_at: usize,
+}
+
+impl LiveSet {
+    pub fn track(&self, o: std::sync::Weak<dyn Live>) {
+        let mut t = self.0.lock().unwrap();
+        t.objects.push(o);
+        if t.objects.len() >= 2 * t.pruned_at.max(32) {
+            t.objects.retain(|w| w.strong_count() > 0);
+            t.pruned_at = t.objects.len();
+        }
+    }
+
+    /// Appends the samples of every object still alive (and forgets the dropped ones), grouped
+    /// by family, each line prefixed with `global` labels.
+    pub fn render(&self, global: &str, out: &mut String) {
+        let mut samples = Vec::new();
+        let now = crate::clock::now_ms();
+        self.0.lock().unwrap().objects.retain(|w| match w.upgrade() {
+            Some(o) => {
+                o.samples(now, &mut samples);
+                true
+            }
+            None => false,
+        });
+        for (family, kind, help) in LIVE_FAMILIES {
+            let _ = writeln!(out, "# HELP {family} {help}\n# TYPE {family} {kind}");
+            for (_, labels, value) in samples.iter().filter(|(f, ..)| f == family) {
+                let _ = writeln!(out, "{family}{{{global}{labels}}} {value}");
+            }
+        }
+    }
+}
+
+/// `k="v",k2="v2"` with the values escaped.
+pub fn label_pairs(pairs: &[(&str, &str)]) -> String {
+    let mut t = String::new();
+    for (i, (k, v)) in pairs.iter().enumerate() {
+        let _ = write!(t, "{}{k}=\"{}\"", if i > 0 { "," } else { "" }, Escaped(v));
+    }
+    t
 }
 
 const HELP_REQUESTS: &str =

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::config;
 pub use crate::series::{Series, VariantKey, VariantTotals};
-use crate::series::SeriesStore;
+use crate::series::{Live, LiveSet, SeriesStore};
 
 const META: Metadata<'static> = Metadata::new("weft", metrics::Level::INFO, None);
 
@@ -62,17 +62,19 @@ pub struct Telemetry {
     pub empty: Arc<str>,
 }
 
-/// The `/metrics` text: the registry's metrics, then the request series.
+/// The `/metrics` text: the registry's metrics, the request series, and the live objects'.
 #[derive(Clone)]
 pub(crate) struct Exposition {
     handle: PrometheusHandle,
     series: Arc<SeriesStore>,
+    live: Arc<LiveSet>,
 }
 
 impl Exposition {
     pub(crate) fn render(&self) -> String {
         let mut out = self.handle.render();
         self.series.render(&mut out);
+        self.live.render(self.series.global_labels(), &mut out);
         out
     }
 }
@@ -98,7 +100,8 @@ impl Telemetry {
             b = b.add_global_label(k, v);
         }
         let recorder = b.build_recorder();
-        let exposition = Exposition { handle: recorder.handle(), series: Arc::new(SeriesStore::new(&global)) };
+        let exposition =
+            Exposition { handle: recorder.handle(), series: Arc::new(SeriesStore::new(&global)), live: Arc::default() };
         let t = Telemetry {
             recorder,
             exposition,
@@ -126,8 +129,6 @@ impl Telemetry {
         d("weft_circuit_breaker_transitions_total", "Breaker state changes per cluster and new state.");
         d("weft_overflow_total", "Requests refused by a cluster threshold (max_requests, max_pending, max_connections, max_retries, breaker_open).");
         d("weft_shed_total", "Requests shed by a variant's concurrency/pending limit.");
-        d("weft_outlier_ejections_total", "Endpoints ejected by outlier detection.");
-        d("weft_endpoint_ejected", "1 while an endpoint is ejected.");
         d("weft_shadow_skipped_total", "Shadow copies not sent, by reason.");
         d("weft_retry_budget_exhausted_total", "Retries refused by the retry budget.");
         d("weft_config_reloads_total", "Config reloads by result (ok, rejected).");
@@ -212,6 +213,11 @@ impl Telemetry {
             return a;
         }
         self.other.clone()
+    }
+
+    /// Report `o`'s metrics at every scrape for as long as it lives (see [`Live`]).
+    pub fn track(&self, o: std::sync::Weak<dyn Live>) {
+        self.exposition.live.track(o);
     }
 
     /// The request series of a label set, created on first use.

@@ -168,3 +168,23 @@ async fn an_unchanged_telemetry_section_that_cannot_be_reopened_does_not_block_r
     let err = p.reload(weft_proxy::Config::from_yaml(&with_log(0, 1, "0.5")).unwrap()).unwrap_err();
     assert!(err.contains("telemetry.access_log.path"), "{err}");
 }
+
+/// An endpoint's metrics leave `/metrics` with the endpoint: once a reload replaces it (and
+/// no request holds it), its ejection gauge and counter are gone, not frozen at their last value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_endpoint_leaves_the_metrics() {
+    let (a, b, c) = (Upstream::start("a").await, Upstream::start("b").await, Upstream::start("c").await);
+    let p = start_proxy(&config("127.0.0.1:0", "127.0.0.1:0", &a, &b, 1, 0));
+    let ejected = |m: &str, up: &Upstream| m.lines().any(|l| l.starts_with("weft_endpoint_ejected{") && l.contains(&format!("endpoint=\"{}\"", up.addr)));
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert!(ejected(&m, &a) && ejected(&m, &b), "{m}");
+    assert_eq!(metric_sum(&m, "weft_outlier_ejections_total", &[("endpoint", &a.addr.to_string())]), 0.0);
+    // Cluster b now points at c.
+    let (admin, listen) = (p.admin_addr.to_string(), p.listener_addrs[0].to_string());
+    let cfg = config(&admin, &listen, &a, &b, 1, 0).replace(&format!("\"{}\"", b.addr), &format!("\"{}\"", c.addr));
+    p.reload(weft_proxy::Config::from_yaml(&cfg).unwrap()).unwrap();
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert!(ejected(&m, &a) && ejected(&m, &c), "{m}");
+    assert!(!m.contains(&format!("endpoint=\"{}\"", b.addr)), "b is gone from the metrics: {m}");
+    assert_eq!(m.matches("# TYPE weft_endpoint_ejected gauge").count(), 1);
+}
