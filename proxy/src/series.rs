@@ -433,9 +433,15 @@ impl LiveSet {
             }
             None => false,
         });
+        // One sample per label set, or Prometheus rejects the whole scrape: an endpoint listed
+        // twice, or removed and added back while a request still holds the old one, reports
+        // twice; the newest (tracked last) wins.
+        let mut seen = std::collections::HashSet::new();
+        let mut unique: Vec<_> = samples.iter().rev().filter(|(f, l, _)| seen.insert((*f, l.as_str()))).collect();
+        unique.reverse();
         for (family, kind, help) in LIVE_FAMILIES {
             let _ = writeln!(out, "# HELP {family} {help}\n# TYPE {family} {kind}");
-            for (_, labels, value) in samples.iter().filter(|(f, ..)| f == family) {
+            for (_, labels, value) in unique.iter().filter(|(f, ..)| f == family) {
                 let _ = writeln!(out, "{family}{{{global}{labels}}} {value}");
             }
         }
@@ -534,5 +540,33 @@ mod tests {
         again.requests.fetch_add(2, Relaxed);
         assert_eq!(st.variant_totals()[&("e".to_string(), "b".to_string())].requests, 5, "retired 3 + new 2");
         assert_eq!(st.sweep(10_000_000, 0), 0, "retain 0 keeps everything");
+    }
+
+    struct Fixed(&'static str, f64);
+    impl Live for Fixed {
+        fn samples(&self, _: u64, out: &mut Vec<(&'static str, String, f64)>) {
+            out.push(("weft_endpoint_ejected", label_pairs(&[("endpoint", self.0)]), self.1));
+        }
+    }
+
+    /// Live objects report while alive, once per label set (the newest wins), and leave with
+    /// their last reference.
+    #[test]
+    fn live_objects_report_once_per_label_set_while_alive() {
+        let set = LiveSet::default();
+        let (old, new, other) = (Arc::new(Fixed("a", 1.0)), Arc::new(Fixed("a", 0.0)), Arc::new(Fixed("b", 1.0)));
+        for o in [&old, &new, &other] {
+            set.track(Arc::downgrade(&(o.clone() as Arc<dyn Live>)));
+        }
+        let render = || {
+            let mut out = String::new();
+            set.render("node=\"n\",", &mut out);
+            out.lines().filter(|l| l.starts_with("weft_endpoint_ejected{")).map(str::to_string).collect::<Vec<_>>()
+        };
+        assert_eq!(render(), vec![r#"weft_endpoint_ejected{node="n",endpoint="a"} 0"#, r#"weft_endpoint_ejected{node="n",endpoint="b"} 1"#]);
+        drop((new, other));
+        assert_eq!(render(), vec![r#"weft_endpoint_ejected{node="n",endpoint="a"} 1"#]);
+        drop(old);
+        assert!(render().is_empty());
     }
 }
