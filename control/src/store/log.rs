@@ -304,9 +304,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // purge up to it as soon as the install is queued (openraft 0.9's
         // `install_full_snapshot`), while its state machine may not have written it yet: a
         // crash in between would leave entries in neither file. So wait for that install
-        // (bounded: a transfer abandoned half-way never installs), then fsync the state file.
+        // (bounded from now: a transfer abandoned half-way never installs; only a purge past
+        // what is applied waits at all, which only a snapshot install can make true), then
+        // fsync the state file.
         let deadline = tokio::time::Instant::now() + INSTALL_WAIT;
-        while self.shared.receiving_within(INSTALL_WAIT)
+        while self.shared.receiving()
             && db::applied(&self.state).map_err(|e| werr(db::any(e)))?.is_none_or(|a| a.index < log_id.index)
             && tokio::time::Instant::now() < deadline
         {

@@ -616,6 +616,8 @@ async fn a_purge_waits_for_the_snapshot_being_installed() {
     let dst = Store::open(dir.path().join("dst.redb")).unwrap();
     let mut sm = dst.state_machine();
     sm.begin_receiving_snapshot().await.unwrap();
+    // The transfer began long ago (a large snapshot on a slow link): the purge still waits.
+    *dst.shared.receiving.lock().unwrap() = Some(std::time::Instant::now() - std::time::Duration::from_secs(120));
     let mut log = dst.log_store();
     let purge = tokio::spawn(async move {
         log.purge(upto).await.unwrap();
