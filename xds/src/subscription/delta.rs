@@ -15,9 +15,15 @@ pub struct DeltaClient {
     types: BTreeMap<String, TypeState>,
 }
 
+/// The explicit wildcard name of the xDS protocol.
+const WILDCARD: &str = "*";
+
 #[derive(Debug, Clone, Default)]
 struct TypeState {
-    /// Subscribed names; empty = every resource of the type (wildcard).
+    /// Every resource of the type, besides `names`. Kept apart from `names`, since a
+    /// subscription whose names were all unsubscribed wants nothing, not everything.
+    wildcard: bool,
+    /// Subscribed names.
     names: BTreeSet<String>,
     /// Resource name → version the client accepted.
     versions: BTreeMap<String, String>,
@@ -30,9 +36,20 @@ impl DeltaClient {
 
     /// Subscribes to more names of `type_url`. The first call for a type with no names is a
     /// wildcard subscription (every resource of the type).
+    /// Names added to a wildcard subscription carry `*` along: a server may end the legacy
+    /// (empty-list) wildcard once names are subscribed.
     pub fn subscribe(&mut self, type_url: &str, names: Vec<String>) -> DeltaDiscoveryRequest {
+        let fresh = !self.types.contains_key(type_url);
         let state = self.types.entry(type_url.to_owned()).or_default();
-        let added: Vec<String> = names.into_iter().filter(|n| state.names.insert(n.clone())).collect();
+        let wants_all = names.iter().any(|n| n == WILDCARD);
+        let newly_wild = wants_all && !state.wildcard;
+        if (fresh && names.is_empty()) || wants_all {
+            state.wildcard = true;
+        }
+        let mut added: Vec<String> = names.into_iter().filter(|n| n != WILDCARD && state.names.insert(n.clone())).collect();
+        if state.wildcard && (newly_wild || !added.is_empty()) {
+            added.push(WILDCARD.into());
+        }
         DeltaDiscoveryRequest {
             node: self.node.take(),
             type_url: type_url.to_owned(),
@@ -46,6 +63,9 @@ impl DeltaClient {
     pub fn unsubscribe(&mut self, type_url: &str, names: Vec<String>) -> Option<DeltaDiscoveryRequest> {
         let state = self.types.get_mut(type_url)?;
         for name in &names {
+            if name == WILDCARD {
+                state.wildcard = false;
+            }
             state.names.remove(name);
             state.versions.remove(name);
         }
@@ -87,16 +107,19 @@ impl DeltaClient {
     }
 
     /// The requests that open a new stream: every subscription again, with the versions the
-    /// client holds so the server sends only what changed while it was away.
+    /// client holds so the server sends only what changed while it was away. A wildcard is
+    /// sent as an explicit `*`; a type whose names were all unsubscribed is not sent at all (an
+    /// empty first list would be read as the legacy wildcard: every resource of the type).
     pub fn reconnect(&mut self) -> Vec<DeltaDiscoveryRequest> {
         self.node.reset();
         let node = &mut self.node;
         self.types
             .iter()
+            .filter(|(_, state)| state.wildcard || !state.names.is_empty())
             .map(|(url, state)| DeltaDiscoveryRequest {
                 node: node.take(),
                 type_url: url.clone(),
-                resource_names_subscribe: state.names.iter().cloned().collect(),
+                resource_names_subscribe: state.wildcard.then(|| WILDCARD.to_string()).into_iter().chain(state.names.iter().cloned()).collect(),
                 initial_resource_versions: state.versions.clone().into_iter().collect(),
                 ..Default::default()
             })
@@ -200,6 +223,37 @@ mod tests {
         assert_eq!(cluster.resource_names_subscribe, vec!["a".to_string(), "b".to_string()]);
         assert_eq!(cluster.response_nonce, "");
         let endpoints = reqs.iter().find(|r| r.type_url == ENDPOINTS).unwrap();
-        assert!(endpoints.resource_names_subscribe.is_empty(), "wildcard stays wildcard");
+        assert_eq!(endpoints.resource_names_subscribe, vec!["*".to_string()], "wildcard stays wildcard, explicitly");
+    }
+
+    /// Unsubscribing every name leaves nothing subscribed: a reconnect must not send the
+    /// empty list that a server reads as the legacy wildcard.
+    #[test]
+    fn a_subscription_emptied_by_unsubscribes_is_not_a_wildcard_after_reconnect() {
+        let mut c = DeltaClient::new(node("n1"));
+        c.subscribe(CLUSTER, vec!["a".into()]);
+        c.subscribe(ENDPOINTS, vec!["e".into()]);
+        c.unsubscribe(CLUSTER, vec!["a".into()]).unwrap();
+        let reqs = c.reconnect();
+        assert_eq!(reqs.iter().map(|r| r.type_url.as_str()).collect::<Vec<_>>(), vec![ENDPOINTS]);
+        assert!(reqs[0].node.is_some(), "the first request still carries the node");
+        // Subscribing again afterwards names what it wants.
+        let again = c.subscribe(CLUSTER, vec!["b".into()]);
+        assert_eq!(again.resource_names_subscribe, vec!["b".to_string()]);
+    }
+
+    /// Names added to a wildcard subscription carry `*` along; unsubscribing `*` ends it.
+    #[test]
+    fn names_added_to_a_wildcard_keep_the_wildcard() {
+        let mut c = DeltaClient::new(node("n1"));
+        assert!(c.subscribe(CLUSTER, vec![]).resource_names_subscribe.is_empty(), "the legacy spelling first");
+        let more = c.subscribe(CLUSTER, vec!["a".into()]);
+        assert_eq!(more.resource_names_subscribe, vec!["a".to_string(), "*".to_string()]);
+        c.unsubscribe(CLUSTER, vec!["*".into()]).unwrap();
+        let reqs = c.reconnect();
+        assert_eq!(reqs[0].resource_names_subscribe, vec!["a".to_string()]);
+        let all = c.subscribe(CLUSTER, vec!["*".into()]);
+        assert_eq!(all.resource_names_subscribe, vec!["*".to_string()], "an explicit * subscribes everything again");
+        assert_eq!(c.reconnect()[0].resource_names_subscribe, vec!["*".to_string(), "a".to_string()]);
     }
 }
