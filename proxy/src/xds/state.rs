@@ -9,7 +9,8 @@
 //! to half of a change. If that fails, the batch less one type is tried for each type (so
 //! types that only work together still pass beside a bad one), then the types one at a time
 //! (repeatedly, so any order that works is found); the ones that still fail are NACKed with
-//! their own error while the rest are ACKed.
+//! their own error while the rest are ACKed. Of two responses of one type in a batch only the
+//! later counts.
 
 use weft_xds::subscription::Verdict;
 use weft_xds::transport::DiscoveryResponse;
@@ -60,9 +61,14 @@ impl State {
         batch: &[DiscoveryResponse],
         mut apply: impl FnMut(Config) -> Result<u64, String>,
     ) -> Outcome {
+        // A response is its type's whole set, so an older response of a type that a later one
+        // in the batch replaces is never applied (tried on its own in the passes below, it could
+        // land after the newer one and serve the older set); it shares the newer one's verdict.
+        let newest: Vec<usize> =
+            batch.iter().map(|r| batch.iter().rposition(|n| n.type_url == r.type_url).unwrap_or_default()).collect();
         let mut verdicts: Vec<Option<Verdict>> =
             batch.iter().map(|r| Dynamic::default().set(&r.type_url, &r.resources).err().map(Err)).collect();
-        let mut open: Vec<usize> = (0..batch.len()).filter(|&i| verdicts[i].is_none()).collect();
+        let mut open: Vec<usize> = (0..batch.len()).filter(|&i| newest[i] == i && verdicts[i].is_none()).collect();
         let mut applied = None;
 
         // Everything at once: the common case, one swap.
@@ -121,7 +127,8 @@ impl State {
         for i in open {
             verdicts[i] = Some(Err(std::mem::take(&mut errors[i])));
         }
-        Outcome { verdicts: verdicts.into_iter().map(|v| v.unwrap_or(Ok(()))).collect(), applied }
+        let verdicts = (0..batch.len()).map(|i| verdicts[newest[i]].clone().unwrap_or(Ok(()))).collect();
+        Outcome { verdicts, applied }
     }
 
     /// What is served, with the responses `which` of `batch` in place of their types. They
@@ -268,6 +275,32 @@ mod tests {
         assert_eq!(out.verdicts[..2].to_vec(), vec![Ok::<(), String>(()), Ok(())], "{out:?}");
         assert!(out.verdicts[2].is_err());
         assert_eq!(st.accepted().services[0].routes[0].cluster.as_deref(), Some("b"));
+    }
+
+    /// Two responses of one type in a batch: only the later one is served, even when the passes
+    /// one type at a time would have found the older one valid last.
+    #[test]
+    fn of_two_responses_of_one_type_the_later_one_is_served() {
+        let mut applied = Vec::new();
+        let mut st = State::new(bootstrap());
+        st.absorb(&[clusters(&["a"]), endpoints(&["a", "b"]), services("a")], validator(&mut applied));
+        let bad_experiment = DiscoveryResponse {
+            type_url: typeurl::EXPERIMENT.into(),
+            resources: vec![to_any(&v1::Experiment { name: "bad".into(), ..Default::default() })],
+            ..Default::default()
+        };
+        let mut check = validator(&mut applied);
+        let with_bad_experiments = |cfg: Config| match cfg.experiments.iter().any(|e| e.name == "bad") {
+            true => Err("experiments.bad: refused".to_string()),
+            false => check(cfg),
+        };
+        // Two bad types, so every attempt with more than one type fails and the types are
+        // tried one at a time: the older clusters (b only) become valid once the route moved.
+        let batch = [clusters(&["b"]), services("b"), clusters(&["a", "b"]), endpoints(&[]), bad_experiment];
+        let out = st.absorb(&batch, with_bad_experiments);
+        assert_eq!(out.verdicts[..3].to_vec(), vec![Ok::<(), String>(()), Ok(()), Ok(())], "{out:?}");
+        let served: Vec<_> = st.accepted().clusters.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(served, vec!["a", "b"], "the later clusters response is served");
     }
 
     #[test]
