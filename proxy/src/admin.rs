@@ -82,9 +82,6 @@ fn route(sh: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
         (&Method::GET, "/ready") if draining => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         (&Method::GET, "/ready") => text(StatusCode::OK, "ready\n"),
         (&Method::GET, "/metrics") => {
-            for c in &sh.snapshot.load().clusters {
-                c.refresh_gauges();
-            }
             let mut r = text(StatusCode::OK, sh.telemetry.render());
             r.headers_mut().insert(header::CONTENT_TYPE, "text/plain; version=0.0.4".parse().unwrap());
             r

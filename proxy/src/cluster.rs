@@ -3,9 +3,8 @@
 //! keeps a cluster unchanged keeps the very same `Cluster`, and an endpoint that stays (same
 //! address and protocol) keeps its EWMA, ejection and idle connections.
 
-use metrics::{Counter, Gauge, Label};
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use crate::breaker::{self, Admit, Breaker};
@@ -91,11 +90,39 @@ pub struct Cluster {
     pub pending: AtomicU32,
     pub retries_active: AtomicU32,
     pub connections: Arc<AtomicU32>,
-    breaker_gauge: Gauge,
-    breaker_transitions: [Counter; 3],
-    overflows: [Counter; 5],
-    pub in_flight: Gauge,
-    pub budget_exhausted: Counter,
+    /// Counters shared by every build of this cluster (a reload that changes it keeps them).
+    pub stats: Arc<ClusterStats>,
+}
+
+/// A cluster's counters. Shared across reloads, so `weft_requests_in_flight` counts the
+/// requests of the previous build still running, and counters never restart on a change.
+#[derive(Default)]
+pub struct ClusterStats {
+    breaker_transitions: [AtomicU64; 3],
+    overflows: [AtomicU64; 5],
+    pub in_flight: AtomicU64,
+    pub budget_exhausted: AtomicU64,
+}
+
+/// A cluster's metrics are read at scrape time, so a cluster removed from the config leaves
+/// `/metrics` (its breaker state would otherwise stay at its last value for good).
+impl crate::series::Live for Cluster {
+    fn samples(&self, now_ms: u64, out: &mut Vec<(&'static str, String, f64)>) {
+        let cl = crate::series::label_pairs(&[("cluster", &self.name)]);
+        let st = &self.stats;
+        let state = self.breaker.as_ref().map_or(0, |b| b.lock().unwrap().state(now_ms).code());
+        out.push(("weft_circuit_breaker_state", cl.clone(), state as f64));
+        for (s, n) in ["closed", "open", "half_open"].into_iter().zip(&st.breaker_transitions) {
+            let labels = crate::series::label_pairs(&[("cluster", &self.name), ("state", s)]);
+            out.push(("weft_circuit_breaker_transitions_total", labels, n.load(Relaxed) as f64));
+        }
+        for (o, n) in Overflow::ALL.into_iter().zip(&st.overflows) {
+            let labels = crate::series::label_pairs(&[("cluster", &self.name), ("reason", o.as_str())]);
+            out.push(("weft_overflow_total", labels, n.load(Relaxed) as f64));
+        }
+        out.push(("weft_requests_in_flight", cl.clone(), st.in_flight.load(Relaxed) as f64));
+        out.push(("weft_retry_budget_exhausted_total", cl, st.budget_exhausted.load(Relaxed) as f64));
+    }
 }
 
 impl Cluster {
@@ -176,13 +203,7 @@ impl Cluster {
                     cfg.name, o.max_ejection_pct
                 ));
             }
-        let cl = vec![Label::new("cluster", cfg.name.clone())];
-        let with = |k: &'static str, v: &'static str| {
-            let mut l = cl.clone();
-            l.push(Label::new(k, v));
-            l
-        };
-        Ok(Arc::new(Cluster {
+        let cluster = Arc::new(Cluster {
             name,
             endpoints,
             rr: AtomicUsize::new(0),
@@ -193,17 +214,15 @@ impl Cluster {
             pending: AtomicU32::new(0),
             retries_active: AtomicU32::new(0),
             connections: prev.map(|p| p.connections.clone()).unwrap_or_default(),
-            breaker_gauge: tel.gauge("weft_circuit_breaker_state", cl.clone()),
-            breaker_transitions: ["closed", "open", "half_open"].map(|s| tel.counter("weft_circuit_breaker_transitions_total", with("state", s))),
-            overflows: Overflow::ALL.map(|o| tel.counter("weft_overflow_total", with("reason", o.as_str()))),
-            in_flight: tel.gauge("weft_requests_in_flight", cl.clone()),
-            budget_exhausted: tel.counter("weft_retry_budget_exhausted_total", cl.clone()),
+            stats: prev.map(|p| p.stats.clone()).unwrap_or_default(),
             cfg: cfg.clone(),
-        }))
+        });
+        tel.track(Arc::downgrade(&(cluster.clone() as Arc<dyn crate::series::Live>)));
+        Ok(cluster)
     }
 
     pub fn count_overflow(&self, o: Overflow) {
-        self.overflows[o as usize].increment(1);
+        self.stats.overflows[o as usize].fetch_add(1, Relaxed);
     }
 
     pub fn dial(&self) -> Dial<'_> {
@@ -241,8 +260,7 @@ impl Cluster {
     }
 
     fn note_transition(&self, s: breaker::State) {
-        self.breaker_gauge.set(s.code() as f64);
-        self.breaker_transitions[s.code() as usize].increment(1);
+        self.stats.breaker_transitions[s.code() as usize].fetch_add(1, Relaxed);
         tracing::info!(cluster = %self.name, state = s.name(), "circuit breaker state changed");
     }
 
@@ -280,13 +298,6 @@ impl Cluster {
                 e.ejections.fetch_add(1, Relaxed);
                 tracing::warn!(cluster = %self.name, endpoint = %e.label, for_ms = until - now, "endpoint ejected");
             }
-        }
-    }
-
-    /// Refresh gauges that change with time alone (breaker half-opening).
-    pub fn refresh_gauges(&self) {
-        if let Some(s) = self.breaker_state() {
-            self.breaker_gauge.set(s.code() as f64);
         }
     }
 

@@ -427,7 +427,7 @@ fn may_retry<'a>(
     }
     let slot = Counted::adopt(active);
     if !p.budget.lock().unwrap().try_withdraw(now_ms()) {
-        cluster.budget_exhausted.increment(1);
+        cluster.stats.budget_exhausted.fetch_add(1, Relaxed);
         return None;
     }
     Some(Retry { wait, slot })
@@ -554,7 +554,7 @@ impl<'a> Held<'a> {
     pub(crate) fn take(cluster: &'a Cluster, ep: usize) -> Held<'a> {
         cluster.endpoints[ep].load.start();
         cluster.active.fetch_add(1, Relaxed);
-        cluster.in_flight.increment(1.0);
+        cluster.stats.in_flight.fetch_add(1, Relaxed);
         Held { cluster, ep, armed: true }
     }
 
@@ -576,7 +576,7 @@ impl Drop for Held<'_> {
 fn release(cluster: &Cluster, ep: usize) {
     cluster.endpoints[ep].load.end();
     cluster.active.fetch_sub(1, Relaxed);
-    cluster.in_flight.decrement(1.0);
+    cluster.stats.in_flight.fetch_sub(1, Relaxed);
 }
 
 enum Attempt {

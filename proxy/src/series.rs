@@ -397,6 +397,15 @@ pub trait Live: Send + Sync {
 const LIVE_FAMILIES: &[(&str, &str, &str)] = &[
     ("weft_endpoint_ejected", "gauge", "1 while an endpoint is ejected."),
     ("weft_outlier_ejections_total", "counter", "Endpoints ejected by outlier detection."),
+    ("weft_requests_in_flight", "gauge", "Upstream requests in flight per cluster."),
+    ("weft_circuit_breaker_state", "gauge", "Error-rate breaker state per cluster: 0 closed, 1 open, 2 half-open."),
+    ("weft_circuit_breaker_transitions_total", "counter", "Breaker state changes per cluster and new state."),
+    (
+        "weft_overflow_total",
+        "counter",
+        "Requests refused by a cluster threshold (max_requests, max_pending, max_connections, max_retries, breaker_open).",
+    ),
+    ("weft_retry_budget_exhausted_total", "counter", "Retries refused by the retry budget."),
 ];
 
 /// The tracked [`Live`] objects of one proxy.

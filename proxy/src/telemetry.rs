@@ -123,14 +123,9 @@ impl Telemetry {
             self.recorder.describe_counter(name.into(), None, help.into());
         };
         d("weft_otlp_metric_exports_total", "OTLP metric exports of the registry, by result (ok, failed).");
-        d("weft_requests_in_flight", "Upstream requests in flight per cluster.");
         d("weft_variant_requests_in_flight", "Requests in flight per experiment variant (response streams included).");
-        d("weft_circuit_breaker_state", "Error-rate breaker state per cluster: 0 closed, 1 open, 2 half-open.");
-        d("weft_circuit_breaker_transitions_total", "Breaker state changes per cluster and new state.");
-        d("weft_overflow_total", "Requests refused by a cluster threshold (max_requests, max_pending, max_connections, max_retries, breaker_open).");
         d("weft_shed_total", "Requests shed by a variant's concurrency/pending limit.");
         d("weft_shadow_skipped_total", "Shadow copies not sent, by reason.");
-        d("weft_retry_budget_exhausted_total", "Retries refused by the retry budget.");
         d("weft_config_reloads_total", "Config reloads by result (ok, rejected).");
         d("weft_otlp_exported_spans_total", "Spans the OTLP collector accepted.");
         d("weft_otlp_dropped_spans_total", "Spans not exported, by reason: queue_full (dropped at enqueue, never waited for), export_failed (collector down or slow), rejected (by the collector), stopped (ended after a reload replaced the exporter).");

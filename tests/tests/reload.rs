@@ -169,10 +169,10 @@ async fn an_unchanged_telemetry_section_that_cannot_be_reopened_does_not_block_r
     assert!(err.contains("telemetry.access_log.path"), "{err}");
 }
 
-/// An endpoint's metrics leave `/metrics` with the endpoint: once a reload replaces it (and
-/// no request holds it), its ejection gauge and counter are gone, not frozen at their last value.
+/// An endpoint's and a cluster's metrics leave `/metrics` with them: once a reload removes one
+/// (and no request holds it), its gauges and counters are gone, not frozen at their last value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_removed_endpoint_leaves_the_metrics() {
+async fn removed_endpoints_and_clusters_leave_the_metrics() {
     let (a, b, c) = (Upstream::start("a").await, Upstream::start("b").await, Upstream::start("c").await);
     let p = start_proxy(&config("127.0.0.1:0", "127.0.0.1:0", &a, &b, 1, 0));
     let ejected = |m: &str, up: &Upstream| m.lines().any(|l| l.starts_with("weft_endpoint_ejected{") && l.contains(&format!("endpoint=\"{}\"", up.addr)));
@@ -187,4 +187,12 @@ async fn a_removed_endpoint_leaves_the_metrics() {
     assert!(ejected(&m, &a) && ejected(&m, &c), "{m}");
     assert!(!m.contains(&format!("endpoint=\"{}\"", b.addr)), "b is gone from the metrics: {m}");
     assert_eq!(m.matches("# TYPE weft_endpoint_ejected gauge").count(), 1);
+    // A cluster removed (b renamed b2) takes its breaker, overflow and in-flight series along.
+    let state = |m: &str, cluster: &str| m.lines().any(|l| l.starts_with("weft_circuit_breaker_state{") && l.contains(&format!("cluster=\"{cluster}\"")));
+    assert!(state(&m, "b"), "{m}");
+    let renamed = cfg.replace("cluster: b,", "cluster: b2,").replace("{name: b, endpoints", "{name: b2, endpoints");
+    p.reload(weft_proxy::Config::from_yaml(&renamed).unwrap()).unwrap();
+    let m = admin_get(p.admin_addr, "/metrics").await.1;
+    assert!(state(&m, "a") && state(&m, "b2"), "{m}");
+    assert!(!m.contains("cluster=\"b\""), "cluster b is gone from the metrics: {m}");
 }
