@@ -2,49 +2,66 @@
 //! `max_pending` waiting for a slot. Anything beyond is shed at once (503 + `x-weft-shed`),
 //! so a slow variant cannot queue requests without bound or starve its sibling.
 
-use metrics::{Counter, Gauge};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 #[derive(Debug)]
 pub struct Limiter {
     slots: Option<Arc<Semaphore>>,
-    /// Requests holding a slot right now (`weft_variant_requests_in_flight`).
-    in_flight: Gauge,
-    /// The same count, readable (a metrics gauge is write-only): the load reports carry it.
-    active: Arc<AtomicU32>,
+    stats: Arc<VariantStats>,
     max_pending: u32,
     pending: AtomicU32,
+    /// `experiment="e",variant="v"`, for the metrics.
+    labels: String,
+}
+
+/// A variant's counts, shared by the limiters of successive configs (a reload that changes the
+/// limits builds a new limiter while requests still hold the old one's slots).
+#[derive(Debug, Default)]
+pub struct VariantStats {
+    /// Requests holding a slot right now (`weft_variant_requests_in_flight`; the load reports
+    /// carry it too).
+    active: AtomicU32,
     /// Requests refused (`weft_shed_total`).
-    shed: Counter,
+    shed: AtomicU64,
 }
 
 /// Held for the whole life of the request, response stream included.
 pub struct Slot {
     _permit: Option<OwnedSemaphorePermit>,
-    in_flight: Gauge,
-    active: Arc<AtomicU32>,
+    stats: Arc<VariantStats>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.in_flight.decrement(1.0);
-        self.active.fetch_sub(1, Relaxed);
+        self.stats.active.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Read at scrape time, so a variant removed from the config leaves `/metrics`.
+impl crate::series::Live for Limiter {
+    fn samples(&self, _now_ms: u64, out: &mut Vec<(&'static str, String, f64)>) {
+        out.push(("weft_variant_requests_in_flight", self.labels.clone(), self.stats.active.load(Relaxed) as f64));
+        out.push(("weft_shed_total", self.labels.clone(), self.stats.shed.load(Relaxed) as f64));
     }
 }
 
 impl Limiter {
-    /// `max_concurrency` 0 = unlimited.
-    pub fn new(max_concurrency: u32, max_pending: u32, in_flight: Gauge, shed: Counter) -> Limiter {
+    /// `max_concurrency` 0 = unlimited. `stats`: the previous limiter's of the same variant.
+    pub fn new(max_concurrency: u32, max_pending: u32, labels: String, stats: Arc<VariantStats>) -> Limiter {
         let slots = (max_concurrency > 0).then(|| Arc::new(Semaphore::new(max_concurrency as usize)));
-        Limiter { slots, in_flight, active: Arc::default(), max_pending, pending: AtomicU32::new(0), shed }
+        Limiter { slots, stats, max_pending, pending: AtomicU32::new(0), labels }
+    }
+
+    /// The counts to hand to the next limiter of this variant.
+    pub fn stats(&self) -> &Arc<VariantStats> {
+        &self.stats
     }
 
     fn slot(&self, permit: Option<OwnedSemaphorePermit>) -> Slot {
-        self.in_flight.increment(1.0);
-        self.active.fetch_add(1, Relaxed);
-        Slot { _permit: permit, in_flight: self.in_flight.clone(), active: self.active.clone() }
+        self.stats.active.fetch_add(1, Relaxed);
+        Slot { _permit: permit, stats: self.stats.clone() }
     }
 
     /// Requests waiting for a slot now.
@@ -54,7 +71,7 @@ impl Limiter {
 
     /// Requests holding a slot now.
     pub fn in_flight(&self) -> u32 {
-        self.active.load(Relaxed)
+        self.stats.active.load(Relaxed)
     }
 
     /// A slot, waiting if the pending queue has room; `None` = shed.
@@ -65,7 +82,7 @@ impl Limiter {
         }
         if self.pending.fetch_add(1, Relaxed) >= self.max_pending {
             self.pending.fetch_sub(1, Relaxed);
-            self.shed.increment(1);
+            self.stats.shed.fetch_add(1, Relaxed);
             return None;
         }
         let _leave = PendingGuard(&self.pending);
@@ -87,7 +104,7 @@ mod tests {
 
     #[tokio::test]
     async fn sheds_beyond_pending() {
-        let l = Arc::new(Limiter::new(1, 1, Gauge::noop(), Counter::noop()));
+        let l = Arc::new(Limiter::new(1, 1, String::new(), Arc::default()));
         let held = l.acquire().await.unwrap();
         let l2 = l.clone();
         let waiter = tokio::spawn(async move { l2.acquire().await.is_some() });
@@ -100,6 +117,6 @@ mod tests {
         drop(held);
         assert!(waiter.await.unwrap(), "the queued request gets the slot");
         assert_eq!((l.in_flight(), l.pending()), (0, 0));
-        assert!(Limiter::new(0, 0, Gauge::noop(), Counter::noop()).acquire().await.is_some(), "0 = unlimited");
+        assert!(Limiter::new(0, 0, String::new(), Arc::default()).acquire().await.is_some(), "0 = unlimited");
     }
 }

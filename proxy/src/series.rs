@@ -322,27 +322,26 @@ impl SeriesStore {
     pub fn render(&self, out: &mut String) {
         let map = self.map.lock().unwrap();
         let entries: Vec<(String, &Series)> = map.values().flatten().map(|e| (self.label_text(&e.labels), &*e.series)).collect();
-        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let family = |out: &mut String, i: usize| {
+            let (name, kind, help) = SERIES_FAMILIES[i];
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         };
-        family(out, "weft_requests_total", "counter", HELP_REQUESTS);
+        family(out, 0);
         for (l, s) in &entries {
             let _ = writeln!(out, "weft_requests_total{{{l}}} {}", s.requests.load(Relaxed));
         }
-        family(out, "weft_retries_total", "counter", "Upstream retries (attempts after the first).");
+        family(out, 1);
         for (l, s) in &entries {
             let _ = writeln!(out, "weft_retries_total{{{l}}} {}", s.retries.load(Relaxed));
         }
-        family(out, "weft_tokens_total", "counter", "Tokens responses reported in their usage object, by direction (input, output).");
+        family(out, 2);
         for (l, s) in &entries {
             let _ = writeln!(out, "weft_tokens_total{{{l},direction=\"input\"}} {}", s.tokens_in.load(Relaxed));
             let _ = writeln!(out, "weft_tokens_total{{{l},direction=\"output\"}} {}", s.tokens_out.load(Relaxed));
         }
-        for (name, help, hist) in [
-            ("weft_request_duration_seconds", "Time from request received to response body end.", (|s: &Series| &s.duration) as fn(&Series) -> &Hist),
-            ("weft_time_to_first_byte_seconds", "Time from request received to the response's first body byte (the first token of a stream).", |s: &Series| &s.ttfb),
-        ] {
-            family(out, name, "histogram", help);
+        for (i, hist) in [(3, (|s: &Series| &s.duration) as fn(&Series) -> &Hist), (4, |s: &Series| &s.ttfb)] {
+            family(out, i);
+            let name = SERIES_FAMILIES[i].0;
             for (l, s) in &entries {
                 let h = hist(s);
                 let mut cumulative = 0;
@@ -394,7 +393,7 @@ pub trait Live: Send + Sync {
 }
 
 /// The families [`Live`] objects report: name, type, help.
-const LIVE_FAMILIES: &[(&str, &str, &str)] = &[
+pub(crate) const LIVE_FAMILIES: &[(&str, &str, &str)] = &[
     ("weft_endpoint_ejected", "gauge", "1 while an endpoint is ejected."),
     ("weft_outlier_ejections_total", "counter", "Endpoints ejected by outlier detection."),
     ("weft_requests_in_flight", "gauge", "Upstream requests in flight per cluster."),
@@ -406,6 +405,8 @@ const LIVE_FAMILIES: &[(&str, &str, &str)] = &[
         "Requests refused by a cluster threshold (max_requests, max_pending, max_connections, max_retries, breaker_open).",
     ),
     ("weft_retry_budget_exhausted_total", "counter", "Retries refused by the retry budget."),
+    ("weft_variant_requests_in_flight", "gauge", "Requests in flight per experiment variant (response streams included)."),
+    ("weft_shed_total", "counter", "Requests shed by a variant's concurrency/pending limit."),
 ];
 
 /// The tracked [`Live`] objects of one proxy.
@@ -466,8 +467,22 @@ pub fn label_pairs(pairs: &[(&str, &str)]) -> String {
     t
 }
 
-const HELP_REQUESTS: &str =
-    "Requests by service, route, variant, cluster, endpoint, status class, model, tenant; shadow copies labelled shadow=\"true\".";
+/// The request series' families: name, type, help (rendered in this order).
+pub(crate) const SERIES_FAMILIES: &[(&str, &str, &str)] = &[
+    (
+        "weft_requests_total",
+        "counter",
+        "Requests by service, route, variant, cluster, endpoint, status class, model, tenant; shadow copies labelled shadow=\"true\".",
+    ),
+    ("weft_retries_total", "counter", "Upstream retries (attempts after the first)."),
+    ("weft_tokens_total", "counter", "Tokens responses reported in their usage object, by direction (input, output)."),
+    ("weft_request_duration_seconds", "histogram", "Time from request received to response body end."),
+    (
+        "weft_time_to_first_byte_seconds",
+        "histogram",
+        "Time from request received to the response's first body byte (the first token of a stream).",
+    ),
+];
 
 /// A label value escaped for the text exposition format: `\`, `"` and line feeds.
 struct Escaped<'a>(&'a str);

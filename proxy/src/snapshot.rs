@@ -300,10 +300,8 @@ fn compile_experiment(
     for v in &e.variants {
         let cluster = find_cluster(format!("{f}.variants.{}.cluster", v.name), &v.cluster)?;
         let limits = (v.max_concurrency, v.max_pending);
-        let kept = old
-            .and_then(|o| o.variants.iter().find(|x| &*x.name == v.name.as_str()))
-            .filter(|x| x.limits == limits)
-            .map(|x| x.limiter.clone());
+        let before = old.and_then(|o| o.variants.iter().find(|x| &*x.name == v.name.as_str()));
+        let kept = before.filter(|x| x.limits == limits).map(|x| x.limiter.clone());
         let header = http::HeaderValue::from_str(&v.name)
             .map_err(|_| format!("{f}.variants: {:?} cannot be sent as a header value", v.name))?;
         variants.push(VariantRt {
@@ -312,13 +310,11 @@ fn compile_experiment(
             cluster,
             model_version: Arc::from(v.model_version.as_str()),
             limiter: kept.unwrap_or_else(|| {
-                let labels = vec![
-                    metrics::Label::new("experiment", e.name.clone()),
-                    metrics::Label::new("variant", v.name.clone()),
-                ];
-                let gauge = tel.gauge("weft_variant_requests_in_flight", labels.clone());
-                let shed = tel.counter("weft_shed_total", labels);
-                Arc::new(Limiter::new(v.max_concurrency, v.max_pending, gauge, shed))
+                let labels = crate::series::label_pairs(&[("experiment", &e.name), ("variant", &v.name)]);
+                let stats = before.map(|x| x.limiter.stats().clone()).unwrap_or_default();
+                let l = Arc::new(Limiter::new(v.max_concurrency, v.max_pending, labels, stats));
+                tel.track(Arc::downgrade(&(l.clone() as Arc<dyn crate::series::Live>)));
+                l
             }),
             limits,
         });

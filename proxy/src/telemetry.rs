@@ -62,6 +62,28 @@ pub struct Telemetry {
     pub empty: Arc<str>,
 }
 
+/// The metric families kept in the `metrics` registry, with their help text.
+const REGISTRY_FAMILIES: &[(&str, &str)] = &[
+    ("weft_otlp_metric_exports_total", "OTLP metric exports of the registry, by result (ok, failed)."),
+    ("weft_shadow_skipped_total", "Shadow copies not sent, by reason."),
+    ("weft_config_reloads_total", "Config reloads by result (ok, rejected)."),
+    ("weft_otlp_exported_spans_total", "Spans the OTLP collector accepted."),
+    (
+        "weft_otlp_dropped_spans_total",
+        "Spans not exported, by reason: queue_full (dropped at enqueue, never waited for), export_failed (collector down or slow), rejected (by the collector), stopped (ended after a reload replaced the exporter).",
+    ),
+];
+
+/// Every metric family a sidecar exports (histograms by their base name), for tools that check
+/// what dashboards and alerting rules read.
+pub fn exported_families() -> impl Iterator<Item = &'static str> {
+    REGISTRY_FAMILIES
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(crate::series::SERIES_FAMILIES.iter().map(|(n, ..)| *n))
+        .chain(crate::series::LIVE_FAMILIES.iter().map(|(n, ..)| *n))
+}
+
 /// The `/metrics` text: the registry's metrics, the request series, and the live objects'.
 #[derive(Clone)]
 pub(crate) struct Exposition {
@@ -119,16 +141,9 @@ impl Telemetry {
     }
 
     fn describe(&self) {
-        let d = |name: &'static str, help: &'static str| {
-            self.recorder.describe_counter(name.into(), None, help.into());
-        };
-        d("weft_otlp_metric_exports_total", "OTLP metric exports of the registry, by result (ok, failed).");
-        d("weft_variant_requests_in_flight", "Requests in flight per experiment variant (response streams included).");
-        d("weft_shed_total", "Requests shed by a variant's concurrency/pending limit.");
-        d("weft_shadow_skipped_total", "Shadow copies not sent, by reason.");
-        d("weft_config_reloads_total", "Config reloads by result (ok, rejected).");
-        d("weft_otlp_exported_spans_total", "Spans the OTLP collector accepted.");
-        d("weft_otlp_dropped_spans_total", "Spans not exported, by reason: queue_full (dropped at enqueue, never waited for), export_failed (collector down or slow), rejected (by the collector), stopped (ended after a reload replaced the exporter).");
+        for (name, help) in REGISTRY_FAMILIES {
+            self.recorder.describe_counter((*name).into(), None, (*help).into());
+        }
     }
 
     /// Apply the telemetry section of a new config (tenant limit, access log, OTLP export).

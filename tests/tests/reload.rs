@@ -190,9 +190,12 @@ async fn removed_endpoints_and_clusters_leave_the_metrics() {
     // A cluster removed (b renamed b2) takes its breaker, overflow and in-flight series along.
     let state = |m: &str, cluster: &str| m.lines().any(|l| l.starts_with("weft_circuit_breaker_state{") && l.contains(&format!("cluster=\"{cluster}\"")));
     assert!(state(&m, "b"), "{m}");
-    let renamed = cfg.replace("cluster: b,", "cluster: b2,").replace("{name: b, endpoints", "{name: b2, endpoints");
+    // So does a variant (b renamed b2): its in-flight and shed series.
+    assert!(m.contains("weft_variant_requests_in_flight{") && m.contains("variant=\"b\""), "{m}");
+    let renamed = cfg.replace("{name: b, cluster: b,", "{name: b2, cluster: b2,").replace("{name: b, endpoints", "{name: b2, endpoints");
     p.reload(weft_proxy::Config::from_yaml(&renamed).unwrap()).unwrap();
     let m = admin_get(p.admin_addr, "/metrics").await.1;
     assert!(state(&m, "a") && state(&m, "b2"), "{m}");
     assert!(!m.contains("cluster=\"b\""), "cluster b is gone from the metrics: {m}");
+    assert!(!m.contains("variant=\"b\"") && m.contains("variant=\"b2\""), "variant b is gone from the metrics: {m}");
 }
