@@ -13,7 +13,10 @@ use crate::config::LbPolicy;
 /// once), a lower one is blended in, and an estimate nobody refreshes decays toward zero with
 /// time constant [`DECAY_MS`]. Without that decay an endpoint that lost one comparison is never
 /// measured again: with two endpoints p2c compares both on every pick, so sequential traffic
-/// would stay on whichever looked faster once, for good.
+/// would stay on whichever looked faster once, for good. The estimate only decays while nothing
+/// is in flight to the endpoint (a hung endpoint holding requests must not look free), and a
+/// try that failed (connect failure, reset, timeout) counts as a sample of at least
+/// [`FAILURE_US`], so a dead endpoint is not the cheapest one.
 #[derive(Debug)]
 pub struct Load {
     /// Estimate of time-to-response-headers in µs as of `stamp_ms`, stored as f64 bits.
@@ -27,6 +30,8 @@ pub struct Load {
 const ALPHA: f64 = 0.3;
 /// Prior for an endpoint with no samples yet: optimistic, so new endpoints get traffic.
 const PRIOR_US: f64 = 1_000.0;
+/// The sample a failed try counts as, at least: one second.
+pub const FAILURE_US: f64 = 1_000_000.0;
 /// Time constant of the decay of an unrefreshed estimate (Linkerd's default): an endpoint
 /// that looked twice as slow is tried again after about 7 s without samples.
 pub const DECAY_MS: f64 = 10_000.0;
@@ -45,9 +50,12 @@ impl Load {
     pub fn cost(&self, now_ms: u64) -> f64 {
         self.ewma_us(now_ms) * (self.in_flight.load(Relaxed) as f64 + 1.0)
     }
-    /// The latency estimate at `now_ms`, decayed since its last sample.
+    /// The latency estimate at `now_ms`, decayed since its last sample if nothing is in flight.
     pub fn ewma_us(&self, now_ms: u64) -> f64 {
         let ewma = f64::from_bits(self.ewma_us.load(Relaxed));
+        if self.in_flight.load(Relaxed) > 0 {
+            return ewma;
+        }
         match now_ms.saturating_sub(self.stamp_ms.load(Relaxed)) {
             0 => ewma,
             idle => ewma * (-(idle as f64) / DECAY_MS).exp(),
@@ -62,6 +70,11 @@ impl Load {
     pub fn end(&self) {
         self.in_flight.fetch_sub(1, Relaxed);
     }
+    /// Fold in a try that failed after `elapsed_us` (see [`FAILURE_US`]).
+    pub fn failed(&self, elapsed_us: f64, now_ms: u64) {
+        self.observe(elapsed_us.max(FAILURE_US), now_ms);
+    }
+
     /// Fold in one latency observed at `now_ms`. A racing update may be lost; that only costs
     /// one sample.
     pub fn observe(&self, latency_us: f64, now_ms: u64) {
@@ -174,6 +187,23 @@ mod tests {
         // The next sample blends with the decayed estimate, not the stale one.
         l.observe(1_500.0, 1_000 + (DECAY_MS * 2f64.ln()) as u64);
         assert!(l.ewma_us(1_000 + (DECAY_MS * 2f64.ln()) as u64) < 2_000.0);
+    }
+
+    /// A hung endpoint holding requests does not decay into the cheapest one, and a failed try
+    /// makes an endpoint costly at once.
+    #[test]
+    fn in_flight_requests_stop_the_decay_and_failures_count_as_slow() {
+        let hung = Load::new(0);
+        hung.observe(1_000.0, 0);
+        hung.start();
+        assert_eq!(hung.ewma_us(60_000), 1_000.0, "no decay while a request is in flight");
+        assert_eq!(hung.cost(60_000), 2_000.0);
+        hung.end();
+        assert!(hung.ewma_us(60_000) < 10.0, "decays once idle");
+        let refused = Load::new(0);
+        refused.observe(1_000.0, 0);
+        refused.failed(50.0, 1);
+        assert_eq!(refused.ewma_us(1), FAILURE_US);
     }
 
     #[test]

@@ -497,6 +497,8 @@ async fn try_once<'a>(
             // Only what the endpoint did counts against it: a request refused here (pending
             // or connection limits, a body that cannot be replayed) never reached it.
             if matches!(a, Attempt::Connect(_) | Attempt::Reset(_) | Attempt::Timeout) {
+                let done = Instant::now();
+                ep.load.failed((done - started).as_micros() as f64, clock::ms_of(done));
                 cluster.record(ep_i, Outcome::GatewayError, probe.verdict(), now);
             }
             Err(a.into_error(cluster, ep_i, deadline))

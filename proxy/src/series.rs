@@ -25,16 +25,17 @@ pub const BUCKETS: &[f64] = &[
     60.0, 300.0,
 ];
 
-/// A fixed-bucket latency histogram: per-bucket counts (not cumulative), total count, sum.
+/// A fixed-bucket latency histogram: per-bucket counts (not cumulative; the last one past the
+/// highest bound) and the sum. The count is the buckets' sum, so a scrape racing a record can
+/// never show `+Inf` below a finite bucket.
 pub struct Hist {
-    buckets: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
+    buckets: [AtomicU64; BUCKETS.len() + 1],
     sum_ns: AtomicU64,
 }
 
 impl Default for Hist {
     fn default() -> Self {
-        Hist { buckets: std::array::from_fn(|_| AtomicU64::new(0)), count: AtomicU64::new(0), sum_ns: AtomicU64::new(0) }
+        Hist { buckets: std::array::from_fn(|_| AtomicU64::new(0)), sum_ns: AtomicU64::new(0) }
     }
 }
 
@@ -42,11 +43,7 @@ impl Hist {
     pub fn record(&self, d: Duration) {
         let secs = d.as_secs_f64();
         // Prometheus buckets are `le`: a value equal to a bound belongs to that bound's bucket.
-        let i = BUCKETS.partition_point(|b| *b < secs);
-        if let Some(b) = self.buckets.get(i) {
-            b.fetch_add(1, Relaxed);
-        }
-        self.count.fetch_add(1, Relaxed);
+        self.buckets[BUCKETS.partition_point(|b| *b < secs)].fetch_add(1, Relaxed);
         self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
     }
 }
@@ -289,11 +286,14 @@ impl SeriesStore {
                 // Inside the map lock: a lookup after this sees the new epoch and the map without them.
                 self.epoch.fetch_add(1, Relaxed);
             }
-        }
-        let mut retired = self.retired.lock().unwrap();
-        for (labels, s) in &dropped {
-            if !labels.shadow && !labels.variant.is_empty() {
-                retired.entry((labels.experiment.to_string(), labels.variant.to_string())).or_default().add(labels, s);
+            // Also inside it (lock order: map, then retired, as in `variant_totals`): a reader
+            // sees a dropped series either in the map or in `retired`, never in neither, or a
+            // report would dip and the next one spike.
+            let mut retired = self.retired.lock().unwrap();
+            for (labels, s) in &dropped {
+                if !labels.shadow && !labels.variant.is_empty() {
+                    retired.entry((labels.experiment.to_string(), labels.variant.to_string())).or_default().add(labels, s);
+                }
             }
         }
         dropped.len()
@@ -307,8 +307,8 @@ impl SeriesStore {
     /// Per-variant totals since start (shadow copies and requests outside an experiment are
     /// left out), dropped series included.
     pub fn variant_totals(&self) -> BTreeMap<VariantKey, VariantTotals> {
-        let mut out = self.retired.lock().unwrap().clone();
         let map = self.map.lock().unwrap();
+        let mut out = self.retired.lock().unwrap().clone();
         for e in map.values().flatten() {
             if e.labels.shadow || e.labels.variant.is_empty() {
                 continue;
@@ -320,8 +320,10 @@ impl SeriesStore {
 
     /// Appends the Prometheus text exposition of every series.
     pub fn render(&self, out: &mut String) {
-        let map = self.map.lock().unwrap();
-        let entries: Vec<(String, &Series)> = map.values().flatten().map(|e| (self.label_text(&e.labels), &*e.series)).collect();
+        // Copied out, so requests that miss their thread's cache do not wait for the formatting.
+        let held: Vec<(Labels, Arc<Series>)> =
+            self.map.lock().unwrap().values().flatten().map(|e| (e.labels.clone(), e.series.clone())).collect();
+        let entries: Vec<(String, &Series)> = held.iter().map(|(l, s)| (self.label_text(l), &**s)).collect();
         let family = |out: &mut String, i: usize| {
             let (name, kind, help) = SERIES_FAMILIES[i];
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -349,7 +351,7 @@ impl SeriesStore {
                     cumulative += b.load(Relaxed);
                     let _ = writeln!(out, "{name}_bucket{{{l},le=\"{le}\"}} {cumulative}");
                 }
-                let count = h.count.load(Relaxed);
+                let count = cumulative + h.buckets[BUCKETS.len()].load(Relaxed);
                 let _ = writeln!(out, "{name}_bucket{{{l},le=\"+Inf\"}} {count}");
                 let _ = writeln!(out, "{name}_sum{{{l}}} {}", h.sum_ns.load(Relaxed) as f64 / 1e9);
                 let _ = writeln!(out, "{name}_count{{{l}}} {count}");

@@ -3,7 +3,8 @@
 //! `max_body_bytes` and the shadow timeout), so the primary never waits for the shadow. Its
 //! response is read to the end, measured (labelled `shadow="true"`) and discarded. Copies count
 //! against the shadow cluster like any request: its `max_requests` and error-rate breaker can
-//! skip them, and their outcomes feed its breaker, outlier detection and load balancer.
+//! skip them, and their outcomes (answers, connect failures, resets; not the shadow's own
+//! timeout) feed its breaker, outlier detection and load balancer.
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -106,14 +107,22 @@ pub(crate) fn spawn(
                 }
                 Ok::<_, &'static str>(status)
             };
-            // Timed out here rather than by the outer limit, so a candidate that hangs counts
-            // against its cluster like a primary try that timed out.
             let outcome = tokio::time::timeout_at((start + timeout).into(), exchange).await.unwrap_or(Err("timeout"));
             let verdict = match outcome {
-                Ok(status) => Outcome::from_status(status),
-                Err(_) => Outcome::GatewayError,
+                Ok(status) => Some(Outcome::from_status(status)),
+                Err("connect_failure" | "reset") => {
+                    let done = Instant::now();
+                    ep.load.failed((done - sent).as_micros() as f64, crate::clock::ms_of(done));
+                    Some(Outcome::GatewayError)
+                }
+                // The shadow's own time limit (often shorter than a route's) is not evidence
+                // against the endpoint: a cluster that also serves primary traffic must not
+                // eject endpoints, or open its breaker, because copies gave up early.
+                Err(_) => None,
             };
-            cluster.record(ep_i, verdict, probe.verdict(), crate::clock::now_ms());
+            if let Some(v) = verdict {
+                cluster.record(ep_i, v, probe.verdict(), crate::clock::now_ms());
+            }
             Ok::<_, &'static str>((outcome?, ep.label.clone()))
         };
         let result = tokio::time::timeout(timeout, run).await.unwrap_or(Err("timeout"));

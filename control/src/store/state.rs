@@ -327,21 +327,23 @@ fn apply_command(
 /// Default of `--history-revisions`: how many revisions back the history reaches.
 pub const DEFAULT_HISTORY_REVISIONS: u64 = 100_000;
 
-/// Whether an apply of entries `first..=last` should compact, and below which revision: once
-/// every `keep / 10` entries (at most 1,000), so each pass scans few rows.
-fn compaction_due(first: u64, last: u64, keep: u64) -> Option<u64> {
-    if keep == 0 || last <= keep {
+/// Whether applying entry `index` ends with a compaction, and below which revision (the last
+/// `keep` revisions stay): at every multiple of `keep / 10` (at most 1,000), so each pass scans
+/// few rows. Decided per entry, after that entry and before the next, so every node compacts
+/// the same state at the same index however its entries were batched.
+fn compaction_at(index: u64, keep: u64) -> Option<u64> {
+    if keep == 0 || index < keep {
         return None;
     }
     let every = (keep / 10).clamp(1, 1_000);
-    (first.saturating_sub(1) / every != last / every).then_some(last - keep)
+    (index % every == 0).then_some(index + 1 - keep)
 }
 
 /// Drops the history rows of revisions below `cutoff`, as etcd's compaction does, except each
 /// existing resource's current revision (its history then starts there, and `history` stops at
 /// the first missing row). A delete older than `cutoff` goes with its tombstone: the name's
 /// history is gone and a new resource of that name starts afresh. Returns the rows dropped.
-/// Runs inside an apply's transaction, at the same log indexes on every node.
+/// Runs inside an apply's transaction, right after the entry [`compaction_at`] names.
 fn compact_history(tx: &WriteTransaction, cutoff: u64) -> Result<usize, redb::Error> {
     let res = tx.open_table(RESOURCES)?;
     let mut hist = tx.open_table(HISTORY)?;
@@ -370,6 +372,18 @@ fn compact_history(tx: &WriteTransaction, cutoff: u64) -> Result<usize, redb::Er
         deleted.remove(key.as_str())?;
     }
     Ok(rows.len())
+}
+
+#[cfg(test)]
+#[test]
+fn compaction_points_depend_on_the_index_alone() {
+    assert_eq!(compaction_at(100, 0), None, "0 keeps everything");
+    assert_eq!(compaction_at(49, 50), None, "not before there are more than keep revisions");
+    assert_eq!(compaction_at(50, 50), Some(1));
+    assert_eq!(compaction_at(51, 50), None);
+    assert_eq!(compaction_at(55, 50), Some(6), "every keep/10, keeping exactly keep revisions");
+    assert_eq!(compaction_at(200_000, 100_000), Some(100_001));
+    assert_eq!(compaction_at(101_000, 100_000), Some(1_001), "at most every 1,000 entries");
 }
 
 /// One write in `HISTORY`: the value (None for a delete) and the key's previous revision
@@ -583,7 +597,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<_> = entries.into_iter().collect();
-        let first = entries.first().map_or(0, |e| e.log_id.index);
+        let keep = self.shared.history_revisions.load(Ordering::Relaxed);
         if let Some(last) = entries.last() {
             self.wait_durable(last.log_id.index).await?;
         }
@@ -628,14 +642,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     out.push(vec![Ok(index)]);
                 }
             }
-        }
-        if let Some(l) = last {
-            put_meta(&tx, KEY_LAST_APPLIED, &Some(l))?;
-            let keep = self.shared.history_revisions.load(Ordering::Relaxed);
-            if let Some(cutoff) = compaction_due(first, l.index, keep) {
+            if let Some(cutoff) = compaction_at(index, keep) {
                 let dropped = compact_history(&tx, cutoff).map_err(sm_write)?;
                 tracing::debug!(cutoff, dropped, "history compacted");
             }
+        }
+        if let Some(l) = last {
+            put_meta(&tx, KEY_LAST_APPLIED, &Some(l))?;
         }
         if let Some(m) = membership {
             put_meta(&tx, KEY_MEMBERSHIP, &m)?;

@@ -69,6 +69,12 @@ impl DeltaClient {
             state.names.remove(name);
             state.versions.remove(name);
         }
+        if !state.wildcard {
+            // What came only through the wildcard is no longer subscribed: forget it too, or a
+            // reconnect would claim versions of resources the server will never update.
+            let TypeState { names: kept, versions, .. } = state;
+            versions.retain(|name, _| kept.contains(name));
+        }
         Some(DeltaDiscoveryRequest {
             node: self.node.take(),
             type_url: type_url.to_owned(),
@@ -249,9 +255,12 @@ mod tests {
         assert!(c.subscribe(CLUSTER, vec![]).resource_names_subscribe.is_empty(), "the legacy spelling first");
         let more = c.subscribe(CLUSTER, vec!["a".into()]);
         assert_eq!(more.resource_names_subscribe, vec!["a".to_string(), "*".to_string()]);
+        c.on_response(&response("1", &[("a", "1"), ("w", "1")], &[]), Ok(())).unwrap();
         c.unsubscribe(CLUSTER, vec!["*".into()]).unwrap();
         let reqs = c.reconnect();
         assert_eq!(reqs[0].resource_names_subscribe, vec!["a".to_string()]);
+        let initial: Vec<_> = reqs[0].initial_resource_versions.keys().cloned().collect();
+        assert_eq!(initial, vec!["a".to_string()], "w came only through the wildcard");
         let all = c.subscribe(CLUSTER, vec!["*".into()]);
         assert_eq!(all.resource_names_subscribe, vec!["*".to_string()], "an explicit * subscribes everything again");
         assert_eq!(c.reconnect()[0].resource_names_subscribe, vec!["*".to_string(), "a".to_string()]);
