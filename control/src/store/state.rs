@@ -336,7 +336,7 @@ fn compaction_at(index: u64, keep: u64) -> Option<u64> {
         return None;
     }
     let every = (keep / 10).clamp(1, 1_000);
-    (index % every == 0).then_some(index + 1 - keep)
+    index.is_multiple_of(every).then_some(index + 1 - keep)
 }
 
 /// Drops the history rows of revisions below `cutoff`, as etcd's compaction does, except each
