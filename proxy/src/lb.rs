@@ -70,6 +70,14 @@ impl Load {
     pub fn end(&self) {
         self.in_flight.fetch_sub(1, Relaxed);
     }
+    /// Fold in the try that started at `started` and ended now: its time to the response head,
+    /// or, if it `failed`, a failure sample (see [`FAILURE_US`]).
+    pub fn finished(&self, started: std::time::Instant, failed: bool) {
+        let done = std::time::Instant::now();
+        let (us, now) = ((done - started).as_micros() as f64, crate::clock::ms_of(done));
+        if failed { self.failed(us, now) } else { self.observe(us, now) }
+    }
+
     /// Fold in a try that failed after `elapsed_us` (see [`FAILURE_US`]).
     pub fn failed(&self, elapsed_us: f64, now_ms: u64) {
         self.observe(elapsed_us.max(FAILURE_US), now_ms);

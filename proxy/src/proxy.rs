@@ -482,8 +482,7 @@ async fn try_once<'a>(
     };
     match result {
         Ok((resp, h1)) => {
-            let done = Instant::now();
-            ep.load.observe((done - started).as_micros() as f64, clock::ms_of(done));
+            ep.load.finished(started, false);
             cluster.record(ep_i, Outcome::from_status(resp.status().as_u16()), probe.verdict(), now);
             // `active`/in-flight are released when the response body ends (see finish_on_end),
             // or right here if the caller drops this response to retry.
@@ -497,8 +496,7 @@ async fn try_once<'a>(
             // Only what the endpoint did counts against it: a request refused here (pending
             // or connection limits, a body that cannot be replayed) never reached it.
             if matches!(a, Attempt::Connect(_) | Attempt::Reset(_) | Attempt::Timeout) {
-                let done = Instant::now();
-                ep.load.failed((done - started).as_micros() as f64, clock::ms_of(done));
+                ep.load.finished(started, true);
                 cluster.record(ep_i, Outcome::GatewayError, probe.verdict(), now);
             }
             Err(a.into_error(cluster, ep_i, deadline))

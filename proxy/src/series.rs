@@ -206,9 +206,9 @@ pub struct SeriesStore {
 impl SeriesStore {
     /// `global`: the identity labels every series carries, in order.
     pub fn new(global: &[(&str, &str)]) -> SeriesStore {
-        let mut g = String::new();
-        for (k, v) in global {
-            let _ = write!(g, "{k}=\"{}\",", Escaped(v));
+        let mut g = label_pairs(global);
+        if !g.is_empty() {
+            g.push(',');
         }
         SeriesStore {
             id: NEXT_ID.fetch_add(1, Relaxed),
@@ -300,7 +300,8 @@ impl SeriesStore {
     }
 
     /// How many series are kept.
-    pub fn kept(&self) -> usize {
+    #[cfg(test)]
+    fn kept(&self) -> usize {
         self.map.lock().unwrap().values().map(Vec::len).sum()
     }
 
@@ -366,9 +367,8 @@ impl SeriesStore {
 
     /// `global...,service="s",...,shadow="false"` (no braces).
     fn label_text(&self, l: &Labels) -> String {
-        let mut t = self.global.clone();
-        for (k, v) in [
-            ("service", &*l.service),
+        let own = label_pairs(&[
+            ("service", &l.service),
             ("route", &l.route),
             ("experiment", &l.experiment),
             ("variant", &l.variant),
@@ -378,11 +378,9 @@ impl SeriesStore {
             ("model_name", &l.model_name),
             ("model_version", &l.model_version),
             ("tenant_id", &l.tenant_id),
-        ] {
-            let _ = write!(t, "{k}=\"{}\",", Escaped(v));
-        }
-        t.push_str(if l.shadow { "shadow=\"true\"" } else { "shadow=\"false\"" });
-        t
+            ("shadow", if l.shadow { "true" } else { "false" }),
+        ]);
+        format!("{}{own}", self.global)
     }
 }
 

@@ -89,8 +89,7 @@ pub(crate) fn spawn(
                     Conn::H2(mut s) => (s.send_request(r).await, None),
                 };
                 let resp = resp.map_err(|_| "reset")?;
-                let done = Instant::now();
-                ep.load.observe((done - sent).as_micros() as f64, crate::clock::ms_of(done));
+                ep.load.finished(sent, false);
                 let status = resp.status().as_u16();
                 // Read to the end (the connection can then be reused), one frame at a time: the
                 // answer is only measured, so none of it is kept.
@@ -111,8 +110,7 @@ pub(crate) fn spawn(
             let verdict = match outcome {
                 Ok(status) => Some(Outcome::from_status(status)),
                 Err("connect_failure" | "reset") => {
-                    let done = Instant::now();
-                    ep.load.failed((done - sent).as_micros() as f64, crate::clock::ms_of(done));
+                    ep.load.finished(sent, true);
                     Some(Outcome::GatewayError)
                 }
                 // The shadow's own time limit (often shorter than a route's) is not evidence

@@ -190,8 +190,7 @@ impl StateMachineStore {
 
     /// Index of the last applied log entry (0 before anything was applied).
     pub fn last_applied_index(&self) -> Result<u64, StorageError<NodeId>> {
-        let l: Option<Option<LogId<NodeId>>> = db::read_meta(&self.db, SM_META, KEY_LAST_APPLIED)?;
-        Ok(l.flatten().map(|l| l.index).unwrap_or(0))
+        self.view()?.revision()
     }
 
     /// Reads the whole state in one read transaction (a consistent cut).
