@@ -6,7 +6,6 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -123,7 +122,7 @@ pin_project_lite::pin_project! {
     #[project = ReqProj]
     pub enum ReqBody {
         Full { data: Option<Bytes> },
-        Stream { #[pin] inner: Incoming, recorder: Option<Arc<Recorder>>, sent: Arc<AtomicBool> },
+        Stream { #[pin] inner: Incoming, recorder: Option<Arc<Recorder>> },
     }
 }
 
@@ -133,18 +132,7 @@ impl ReqBody {
     }
 
     pub fn stream(inner: Incoming, recorder: Option<Arc<Recorder>>) -> ReqBody {
-        ReqBody::Stream { inner, recorder, sent: Arc::default() }
-    }
-
-    /// For a streamed body, a flag set once it has been read to the end (handed to the
-    /// upstream connection). An HTTP/1 connection is only reused if its request body was all
-    /// sent: an upstream that answers early (401, 413) while the client still uploads would
-    /// otherwise leave the next request waiting behind that upload.
-    pub fn sent_flag(&self) -> Option<Arc<AtomicBool>> {
-        match self {
-            ReqBody::Full { .. } => None,
-            ReqBody::Stream { sent, .. } => Some(sent.clone()),
-        }
+        ReqBody::Stream { inner, recorder }
     }
 }
 
@@ -155,7 +143,7 @@ impl Body for ReqBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.project() {
             ReqProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            ReqProj::Stream { mut inner, recorder, sent } => {
+            ReqProj::Stream { mut inner, recorder } => {
                 let frame = ready!(inner.as_mut().poll_frame(cx));
                 // With a content-length, hyper stops polling once the body is complete, so the
                 // end is seen with the last data frame, not as a `None` frame (over HTTP/2 the
@@ -165,9 +153,6 @@ impl Body for ReqBody {
                     Some(Ok(_)) => inner.is_end_stream() || inner.size_hint().exact() == Some(0),
                     Some(Err(_)) => false,
                 };
-                if ended {
-                    sent.store(true, Ordering::Relaxed);
-                }
                 if let Some(rec) = recorder.as_ref() {
                     match &frame {
                         Some(Ok(f)) => match f.data_ref() {
@@ -218,6 +203,39 @@ pub enum End {
 /// stream showed (first byte, token usage).
 pub type OnEnd = Box<dyn FnOnce(End, StreamInfo) + Send>;
 
+/// A response body as it comes from upstream: read from weft's own HTTP/1.1 connection, or
+/// from a hyper HTTP/2 stream.
+pub enum UpBody {
+    H1(crate::h1::Body),
+    H2(Incoming),
+}
+
+impl Body for UpBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            UpBody::H1(b) => Pin::new(b).poll_frame(cx).map_err(BoxError::from),
+            UpBody::H2(b) => Pin::new(b).poll_frame(cx).map_err(BoxError::from),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpBody::H1(b) => b.is_end_stream(),
+            UpBody::H2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpBody::H1(b) => b.size_hint(),
+            UpBody::H2(b) => b.size_hint(),
+        }
+    }
+}
+
 pin_project_lite::pin_project! {
     /// The body sent downstream: a local (error) response, or an upstream stream that tracks
     /// idleness and reports its end.
@@ -225,7 +243,7 @@ pin_project_lite::pin_project! {
     pub enum RespBody {
         Local { data: Option<Bytes> },
         Upstream {
-            #[pin] inner: Incoming,
+            #[pin] inner: UpBody,
             idle: Option<Duration>,
             timer: Option<Pin<Box<Sleep>>>,
             on_end: Option<OnEnd>,
@@ -251,7 +269,7 @@ impl RespBody {
         RespBody::Local { data: (!data.is_empty()).then_some(data) }
     }
     /// `scan_usage`: keep the body's tail to read token usage from (see [`crate::usage`]).
-    pub fn upstream(inner: Incoming, idle: Option<Duration>, scan_usage: bool, on_end: OnEnd) -> RespBody {
+    pub fn upstream(inner: UpBody, idle: Option<Duration>, scan_usage: bool, on_end: OnEnd) -> RespBody {
         let tail = scan_usage.then(Tail::default);
         let mut b = RespBody::Upstream { inner, idle, timer: None, on_end: Some(on_end), first_byte: None, tail };
         if b.is_end_stream() {
@@ -314,7 +332,7 @@ impl Body for RespBody {
                                 t.push(d);
                             }
                         }
-                        frame.map(|r| r.map_err(BoxError::from))
+                        frame
                     }
                 };
                 let end = match &out {

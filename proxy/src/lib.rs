@@ -6,6 +6,8 @@
 //! - route, assign, limit, shadow: routing, A/B variant assignment, per-variant isolation,
 //!   traffic shadowing;
 //! - cluster, lb, pool, breaker, outlier, retry, window: upstream selection and protection;
+//! - h1: the HTTP/1.1 upstream client, run inside the request's own task (`h1::codec` the
+//!   framing rules);
 //! - body: streaming bodies (bounded replay copy, idle timeout, end-of-stream accounting);
 //! - telemetry: Prometheus metrics, tenant cardinality limit, access log, traceparent;
 //! - otlp: OpenTelemetry spans (server, upstream tries, shadow copies) exported over OTLP/gRPC;
@@ -22,6 +24,7 @@ pub mod cluster;
 pub mod config;
 pub mod drain;
 pub mod duration;
+pub mod h1;
 pub mod lb;
 pub mod limit;
 pub mod model_sim;

@@ -1,9 +1,10 @@
 //! Upstream connections. HTTP/1.1: a stack of idle keep-alive connections per endpoint and
-//! worker, a connection going back on the stack when its response body ends. HTTP/2: one
-//! multiplexed connection per endpoint and worker. Each worker thread has its own pools so a
-//! connection is only ever driven by the runtime that uses it.
+//! worker (weft's own client, [`crate::h1`]), a connection going back on the stack when its
+//! response body ends. HTTP/2: one multiplexed hyper connection per endpoint and worker. Each
+//! worker thread has its own pools so a connection is only ever driven by the runtime that
+//! uses it.
 
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,14 +15,14 @@ use tokio::net::TcpStream;
 
 use crate::body::ReqBody;
 use crate::config::UpstreamProtocol;
+use crate::h1;
 
-pub type H1 = http1::SendRequest<ReqBody>;
 pub type H2 = http2::SendRequest<ReqBody>;
 
 /// A connection ready to carry one request.
 pub enum Conn {
     /// `reused` = it came from the idle stack (so it may have been closed by the peer meanwhile).
-    H1 { sender: H1, reused: bool },
+    H1 { conn: h1::Conn, reused: bool },
     H2(H2),
 }
 
@@ -35,7 +36,7 @@ pub enum ConnectError {
 
 #[derive(Default)]
 pub struct Pool {
-    idle: Mutex<Vec<H1>>,
+    idle: Mutex<Vec<h1::Conn>>,
     h2: Mutex<Option<H2>>,
 }
 
@@ -54,18 +55,15 @@ impl Pool {
             UpstreamProtocol::Http1 => {
                 loop {
                     let popped = self.idle.lock().unwrap().pop();
-                    let Some(mut sender) = popped else { break };
-                    if sender.is_closed() {
-                        continue;
-                    }
-                    if sender.ready().await.is_ok() {
-                        return Ok(Conn::H1 { sender, reused: true });
+                    let Some(conn) = popped else { break };
+                    if conn.is_usable() {
+                        return Ok(Conn::H1 { conn, reused: true });
                     }
                 }
-                // Dialing is boxed: a cold path whose connect and handshake futures would
-                // otherwise size every request's future (each try's future is copied into
-                // its caller's), making the hot path copy kilobytes per request.
-                Ok(Conn::H1 { sender: Box::pin(dial_h1(addr, dial)).await?, reused: false })
+                // Dialing is boxed: a cold path whose connect future would otherwise size
+                // every request's future (each try's future is copied into its caller's),
+                // making the hot path copy kilobytes per request.
+                Ok(Conn::H1 { conn: Box::pin(dial_h1(addr, dial)).await?, reused: false })
             }
             UpstreamProtocol::Http2 => {
                 let current = self.h2.lock().unwrap().clone();
@@ -79,14 +77,16 @@ impl Pool {
         }
     }
 
-    /// Return an HTTP/1.1 connection whose response body was read to the end.
-    pub fn checkin(&self, sender: H1, max_idle: usize) {
-        if sender.is_closed() {
-            return;
-        }
+    /// Return an HTTP/1.1 connection whose exchange ended cleanly. Idle connections are not
+    /// watched, so the oldest one is checked here: one the upstream closed meanwhile is let go
+    /// (with its `max_connections` place) instead of waiting for a checkout to find it.
+    pub fn checkin(&self, conn: h1::Conn, max_idle: usize) {
         let mut idle = self.idle.lock().unwrap();
+        if idle.first().is_some_and(|c| !c.is_usable()) {
+            idle.remove(0);
+        }
         if idle.len() < max_idle {
-            idle.push(sender);
+            idle.push(conn);
         }
     }
 
@@ -95,13 +95,10 @@ impl Pool {
     }
 }
 
-/// A fresh HTTP/1.1 connection, outside any pool (the caller checks it in when done).
-pub async fn dial_h1(addr: SocketAddr, dial: &Dial<'_>) -> Result<H1, ConnectError> {
+/// A fresh HTTP/1.1 connection, outside any pool (its response body checks it in when done).
+pub async fn dial_h1(addr: SocketAddr, dial: &Dial<'_>) -> Result<h1::Conn, ConnectError> {
     let (stream, slot) = connect(addr, dial).await?;
-    let (sender, conn) =
-        http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(handshake_failed)?;
-    spawn_conn(conn, slot);
-    Ok(sender)
+    Ok(h1::Conn::new(stream, slot))
 }
 
 /// A fresh HTTP/2 connection (the caller keeps it as the endpoint's shared one).
@@ -117,7 +114,7 @@ async fn dial_h2(addr: SocketAddr, dial: &Dial<'_>) -> Result<H2, ConnectError> 
 
 /// One of the cluster's `max_connections`, held from the dial until the connection closes.
 /// Released on drop, so a dial abandoned midway (its request was cancelled) gives it back.
-struct ConnSlot(Arc<AtomicU32>);
+pub struct ConnSlot(Arc<AtomicU32>);
 
 impl Drop for ConnSlot {
     fn drop(&mut self) {
@@ -144,7 +141,7 @@ fn handshake_failed(e: hyper::Error) -> ConnectError {
     ConnectError::Failed(e.to_string())
 }
 
-/// Drive a connection until it closes, then release its slot in the cluster's count.
+/// Drive an HTTP/2 connection until it closes, then release its slot in the cluster's count.
 fn spawn_conn<F>(conn: F, slot: ConnSlot)
 where
     F: std::future::Future + Send + 'static,

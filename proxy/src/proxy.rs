@@ -16,14 +16,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use crate::body::{End, Recorder, ReqBody, RespBody};
+use crate::body::{End, Recorder, ReqBody, RespBody, UpBody};
 use crate::breaker::Admit;
 use crate::clock::{self, now_ms};
-use crate::cluster::{Cluster, Overflow};
-use crate::config::UpstreamProtocol;
+use crate::cluster::{Cluster, Endpoint, Overflow};
 use crate::otlp;
 use crate::outlier::Outcome;
-use crate::pool::{Conn, ConnectError, H1};
+use crate::h1::{self, SendError};
+use crate::pool::{Conn, ConnectError};
 use crate::retry::{self, Failure};
 use crate::route;
 use crate::snapshot::{ExperimentRt, RetryRt, RouteRt, Snapshot, Target, VariantRt};
@@ -175,7 +175,7 @@ async fn serve(
         rparts.headers.insert(X_WEFT_VARIANT.clone(), v.header.clone());
     }
     sent.held.hand_over();
-    let on_end = finish_on_end(sh, cluster, sent.ep, sent.h1, slot, labels.clone(), start, sent.attempts - 1, &req_parts, telemetry::trace_id(&trace), ending);
+    let on_end = finish_on_end(sh, cluster, sent.ep, slot, labels.clone(), start, sent.attempts - 1, &req_parts, telemetry::trace_id(&trace), ending);
     let scan = crate::usage::scanned(rparts.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()));
     Ok(Response::from_parts(rparts, RespBody::upstream(incoming, route.idle_timeout, scan, on_end)))
 }
@@ -216,33 +216,47 @@ pub(crate) struct ReqParts {
 }
 
 impl ReqParts {
-    /// The request for one try, in the upstream's protocol. `last`: no try can follow, so the
-    /// headers are moved rather than copied.
-    pub(crate) fn build(&mut self, proto: UpstreamProtocol, body: ReqBody, last: bool) -> Request<ReqBody> {
+    /// The request for one try to an HTTP/2 upstream. `last`: no try can follow, so the
+    /// headers are moved rather than copied. (HTTP/1.1 tries are written straight from these
+    /// parts, see [`send`].)
+    pub(crate) fn build_h2(&mut self, body: ReqBody, last: bool) -> Request<ReqBody> {
         let mut req = Request::new(body);
         *req.method_mut() = self.method.clone();
         *req.headers_mut() = if last { std::mem::take(&mut self.headers) } else { self.headers.clone() };
-        match proto {
-            UpstreamProtocol::Http1 => {
-                // Origin form, sharing the parsed path's bytes instead of re-parsing a copy.
-                let mut p = http::uri::Parts::default();
-                p.path_and_query = self.uri.path_and_query().cloned();
-                *req.uri_mut() = Uri::from_parts(p).unwrap_or_else(|_| Uri::from_static("/"));
-                *req.version_mut() = Version::HTTP_11;
-            }
-            UpstreamProtocol::Http2 => {
-                // From parts, never by pasting strings: the path is the one routed on, whatever
-                // the Host holds (`valid_host` already refused one that is not an authority).
-                let mut p = http::uri::Parts::default();
-                p.scheme = Some(http::uri::Scheme::HTTP);
-                p.authority = http::uri::Authority::try_from(self.authority.as_bytes()).ok();
-                p.path_and_query = Some(self.uri.path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")));
-                *req.uri_mut() = Uri::from_parts(p).unwrap_or_else(|_| Uri::from_static("/"));
-                *req.version_mut() = Version::HTTP_2;
-                req.headers_mut().remove(header::HOST);
-            }
-        }
+        // From parts, never by pasting strings: the path is the one routed on, whatever the
+        // Host holds (`valid_host` already refused one that is not an authority).
+        let mut p = http::uri::Parts::default();
+        p.scheme = Some(http::uri::Scheme::HTTP);
+        p.authority = http::uri::Authority::try_from(self.authority.as_bytes()).ok();
+        p.path_and_query = Some(self.uri.path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")));
+        *req.uri_mut() = Uri::from_parts(p).unwrap_or_else(|_| Uri::from_static("/"));
+        *req.version_mut() = Version::HTTP_2;
+        req.headers_mut().remove(header::HOST);
         req
+    }
+}
+
+/// Send one try's request on `conn` and wait for the response head. The primary's tries and
+/// the shadow copies both go through here. An HTTP/1.1 response body returns its connection
+/// to `ep`'s pool when it ends cleanly.
+pub(crate) async fn send(
+    conn: Conn,
+    ep: &Arc<Endpoint>,
+    max_idle: usize,
+    parts: &mut ReqParts,
+    body: ReqBody,
+    last: bool,
+) -> Result<Response<UpBody>, SendError> {
+    match conn {
+        Conn::H2(mut s) => match s.send_request(parts.build_h2(body, last)).await {
+            Ok(r) => Ok(r.map(UpBody::H2)),
+            Err(e) => Err(SendError::Failed(e.to_string())),
+        },
+        Conn::H1 { conn, .. } => {
+            let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            let home = h1::Home { endpoint: ep.clone(), max_idle };
+            Ok(conn.send(&parts.method, target, &parts.headers, body, home).await?.map(UpBody::H1))
+        }
     }
 }
 
@@ -326,11 +340,10 @@ impl Bodies {
 }
 
 struct Sent<'a> {
-    resp: Response<Incoming>,
+    resp: Response<UpBody>,
     ep: usize,
     /// The try's in-flight counts, until the response body takes them over.
     held: Held<'a>,
-    h1: Option<H1>,
     attempts: u32,
     /// The try's span (OTLP), ended with the body or when the response is dropped for a retry.
     attempt: Option<otlp::Attempt>,
@@ -481,12 +494,12 @@ async fn try_once<'a>(
             .unwrap_or(Err(Attempt::Timeout)),
     };
     match result {
-        Ok((resp, h1)) => {
+        Ok(resp) => {
             ep.load.finished(started, false);
             cluster.record(ep_i, Outcome::from_status(resp.status().as_u16()), probe.verdict(), now);
             // `active`/in-flight are released when the response body ends (see finish_on_end),
             // or right here if the caller drops this response to retry.
-            Ok(Sent { resp, ep: ep_i, held, h1, attempts: 0, attempt })
+            Ok(Sent { resp, ep: ep_i, held, attempts: 0, attempt })
         }
         Err(a) => {
             drop(held);
@@ -633,7 +646,7 @@ async fn exchange(
     parts: &mut ReqParts,
     bodies: &mut Bodies,
     last: bool,
-) -> Result<(Response<Incoming>, Option<H1>), Attempt> {
+) -> Result<Response<UpBody>, Attempt> {
     let ep = &cluster.endpoints[ep_i];
     let dial = cluster.dial();
     if cluster.pending.fetch_add(1, Relaxed) >= cluster.cfg.circuit_breaker.max_pending {
@@ -652,38 +665,39 @@ async fn exchange(
     };
     // The body is taken only now: a connect failure leaves it untouched for the next try.
     let body = bodies.next().ok_or(Attempt::NoBody)?;
-    let upload = body.sent_flag();
-    // Reusable once the response is in only if the whole request went out (see `sent_flag`).
-    let reusable = |s: H1| upload.as_ref().is_none_or(|f| f.load(Relaxed)).then_some(s);
-    let req = parts.build(ep.protocol, body, last);
-    match conn {
-        Conn::H2(mut s) => s.send_request(req).await.map(|r| (r, None)).map_err(|e| Attempt::Reset(e.to_string())),
-        Conn::H1 { mut sender, reused } => match sender.try_send_request(req).await {
-            Ok(r) => Ok((r, reusable(sender))),
-            Err(mut e) => {
-                // A pooled connection the peer closed meanwhile: if hyper hands the request
-                // back unsent, resend it once on a fresh connection (not a retry).
-                let Some(req) = e.take_message().filter(|_| reused) else {
-                    return Err(Attempt::Reset(e.into_error().to_string()));
-                };
-                // Boxed: a cold path, whose handshake future would otherwise size (and be
-                // copied with) every request's future.
-                match Box::pin(crate::pool::dial_h1(ep.addr, &dial)).await {
-                    Ok(mut sender) => sender
-                        .send_request(req)
-                        .await
-                        .map(|r| (r, reusable(sender)))
-                        .map_err(|e| Attempt::Reset(e.to_string())),
-                    Err(_) => {
-                        // Never sent: the body goes back for the next try (it may be the only
-                        // copy of a streamed body).
-                        bodies.first = Some(req.into_body());
-                        Err(Attempt::Connect("reconnect after stale pooled connection failed".into()))
-                    }
-                }
-            }
-        },
+    let reused = matches!(conn, Conn::H1 { reused: true, .. });
+    let max_idle = cluster.cfg.max_idle_per_endpoint;
+    let (body, e) = match send(conn, ep, max_idle, parts, body, last).await {
+        Ok(r) => return Ok(r),
+        Err(SendError::Failed(e)) => return Err(Attempt::Reset(e)),
+        Err(SendError::Unsent(body, e)) => (body, e),
+    };
+    if !reused {
+        bodies.first = Some(body);
+        return Err(Attempt::Reset(e));
     }
+    // A pooled connection the peer closed meanwhile, found on the first write: resend once on
+    // a fresh connection (not a retry). Boxed: a cold path, whose futures would otherwise size
+    // (and be copied with) every request's future.
+    Box::pin(async {
+        match crate::pool::dial_h1(ep.addr, &dial).await {
+            Ok(conn) => match send(Conn::H1 { conn, reused: false }, ep, max_idle, parts, body, last).await {
+                Ok(r) => Ok(r),
+                Err(SendError::Failed(e)) => Err(Attempt::Reset(e)),
+                Err(SendError::Unsent(body, e)) => {
+                    bodies.first = Some(body);
+                    Err(Attempt::Reset(e))
+                }
+            },
+            Err(_) => {
+                // Never sent: the body goes back for the next try (it may be the only copy of
+                // a streamed body).
+                bodies.first = Some(body);
+                Err(Attempt::Connect("reconnect after stale pooled connection failed".into()))
+            }
+        }
+    })
+    .await
 }
 
 /// The closure run when the response body ends: free the counts, reuse the connection, record
@@ -693,7 +707,6 @@ fn finish_on_end(
     sh: &Arc<Shared>,
     cluster: &Arc<Cluster>,
     ep: usize,
-    h1: Option<H1>,
     slot: Option<crate::limit::Slot>,
     labels: Labels,
     start: Instant,
@@ -707,9 +720,6 @@ fn finish_on_end(
     let log = sh.telemetry.access_log_enabled().then(|| (parts.method.clone(), parts.uri.clone(), trace_id.to_string()));
     Box::new(move |end: End, stream: crate::usage::StreamInfo| {
         release(&cluster, ep);
-        if let (End::Complete, Some(sender)) = (end, h1) {
-            cluster.endpoints[ep].pool().checkin(sender, cluster.cfg.max_idle_per_endpoint);
-        }
         let elapsed = start.elapsed();
         let ttfb = stream.first_byte.map(|t| t.saturating_duration_since(start));
         sh.telemetry.finish_stream(&labels, elapsed, retries, ttfb, stream.tokens);
@@ -905,10 +915,10 @@ mod tests {
             authority: HeaderValue::from_static("svc:8080"),
             span: None,
         };
-        let req = parts.build(UpstreamProtocol::Http2, ReqBody::full(Bytes::new()), false);
+        let req = parts.build_h2(ReqBody::full(Bytes::new()), false);
         assert_eq!(req.uri().to_string(), "http://svc:8080/public/infer?q=1");
         parts.authority = HeaderValue::from_static("[::1]:9");
-        let req = parts.build(UpstreamProtocol::Http2, ReqBody::full(Bytes::new()), true);
+        let req = parts.build_h2(ReqBody::full(Bytes::new()), true);
         assert_eq!(req.uri().path_and_query().unwrap().as_str(), "/public/infer?q=1");
     }
 

@@ -15,7 +15,6 @@ use std::time::Instant;
 
 use crate::body::ReqBody;
 use crate::outlier::Outcome;
-use crate::pool::Conn;
 use crate::proxy::{Held, Prepared, ReqParts};
 use crate::snapshot::{ShadowRt, Snapshot};
 use crate::telemetry::{self, Labels};
@@ -83,27 +82,14 @@ pub(crate) fn spawn(
             let sent = Instant::now();
             let exchange = async {
                 let conn = ep.pool().checkout(ep.addr, &cluster.dial()).await.map_err(|_| "connect_failure")?;
-                let r = req.build(ep.protocol, ReqBody::full(data), true);
-                let (resp, h1) = match conn {
-                    Conn::H1 { mut sender, .. } => (sender.send_request(r).await, Some(sender)),
-                    Conn::H2(mut s) => (s.send_request(r).await, None),
-                };
-                let resp = resp.map_err(|_| "reset")?;
+                let max_idle = cluster.cfg.max_idle_per_endpoint;
+                let resp = crate::proxy::send(conn, ep, max_idle, &mut req, ReqBody::full(data), true).await.map_err(|_| "reset")?;
                 ep.load.finished(sent, false);
                 let status = resp.status().as_u16();
                 // Read to the end (the connection can then be reused), one frame at a time: the
                 // answer is only measured, so none of it is kept.
                 let mut body = resp.into_body();
-                let complete = loop {
-                    match body.frame().await {
-                        None => break true,
-                        Some(Ok(_)) => {}
-                        Some(Err(_)) => break false,
-                    }
-                };
-                if let (true, Some(s)) = (complete, h1) {
-                    ep.pool().checkin(s, cluster.cfg.max_idle_per_endpoint);
-                }
+                while let Some(Ok(_)) = body.frame().await {}
                 Ok::<_, &'static str>(status)
             };
             let outcome = tokio::time::timeout_at((start + timeout).into(), exchange).await.unwrap_or(Err("timeout"));

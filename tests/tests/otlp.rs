@@ -489,6 +489,14 @@ async fn the_metrics_registry_goes_out_over_otlp_too() {
     };
     assert_eq!(requests, 5.0, "the counter as /metrics shows it");
     assert!(histogram, "the latency histogram with its 5 samples");
-    let text = proxy.shared.telemetry.render();
+    // The collector holds an export before its answer reaches the sidecar, which counts the
+    // export as ok only then: wait for it.
+    let text = loop {
+        let text = proxy.shared.telemetry.render();
+        if metric_sum(&text, "weft_otlp_metric_exports_total", &[("result", "ok")]) >= 1.0 || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(metric_sum(&text, "weft_otlp_metric_exports_total", &[("result", "ok")]) >= 1.0, "{text}");
 }

@@ -1,0 +1,645 @@
+//! HTTP/1.1 message framing for the upstream client, without IO: the request head and body
+//! framing we write (RFC 9112 §6), the response head we parse (status, headers, how its body
+//! is delimited, whether the connection can be reused), and chunked transfer coding both ways.
+//! Kept apart from the socket code so every rule here is tested on byte strings.
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
+use std::mem::MaybeUninit;
+
+/// Most headers a response head may carry (hyper's default too).
+pub const MAX_HEADERS: usize = 100;
+/// Room for headers added to a parsed response's map (see [`parse_response`]).
+const SPARE_HEADERS: usize = 6;
+/// Largest response head (status line and headers) we buffer before giving up.
+pub const MAX_HEAD_BYTES: usize = 400 * 1024;
+/// Largest trailer section of a chunked response.
+const MAX_TRAILER_BYTES: usize = 64 * 1024;
+/// Longest chunk extension we skip over on one chunk-size line.
+const MAX_CHUNK_EXT_BYTES: usize = 4 * 1024;
+
+/// Why a response could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError(pub String);
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid response from upstream: {}", self.0)
+    }
+}
+impl std::error::Error for ParseError {}
+
+fn err<T>(what: impl Into<String>) -> Result<T, ParseError> {
+    Err(ParseError(what.into()))
+}
+
+/// How a request body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReqFraming {
+    /// No body at all.
+    Empty,
+    Length(u64),
+    Chunked,
+}
+
+/// Choose the request's framing, as hyper's client does: a valid `content-length` the request
+/// already carries is kept; otherwise the body's own exact length, or chunked when unknown.
+/// GET, HEAD and CONNECT with a body of unknown length are sent without one (they almost
+/// never have bodies, and a `0` chunk on a GET confuses servers). Returns the framing and
+/// whether `content-length` / `transfer-encoding: chunked` must be added to the head.
+pub fn request_framing(method: &Method, headers: &HeaderMap, end_of_stream: bool, exact: Option<u64>) -> (ReqFraming, bool) {
+    if let Some(n) = content_length(headers) {
+        return (ReqFraming::Length(n), false);
+    }
+    if end_of_stream {
+        return (ReqFraming::Empty, false);
+    }
+    match exact {
+        Some(n) => (ReqFraming::Length(n), true),
+        None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => (ReqFraming::Empty, false),
+        None => (ReqFraming::Chunked, true),
+    }
+}
+
+/// Append the request head: `METHOD target HTTP/1.1`, the headers as given (hop-by-hop ones
+/// were removed by the caller), and the framing header when `add_framing`. A `content-length`
+/// that is not the one framing the body (invalid, or beside our own) is left out.
+pub fn encode_request_head(out: &mut Vec<u8>, method: &Method, target: &str, headers: &HeaderMap, framing: ReqFraming, add_framing: bool) {
+    let size: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    out.reserve(method.as_str().len() + target.len() + size + 48);
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(if target.is_empty() { b"/" } else { target.as_bytes() });
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let keep_length = !add_framing && matches!(framing, ReqFraming::Length(_));
+    for (k, v) in headers {
+        if k == header::TRANSFER_ENCODING || (k == header::CONTENT_LENGTH && !keep_length) {
+            continue;
+        }
+        out.extend_from_slice(k.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if add_framing {
+        match framing {
+            ReqFraming::Length(n) => {
+                out.extend_from_slice(b"content-length: ");
+                push_decimal(out, n);
+                out.extend_from_slice(b"\r\n");
+            }
+            ReqFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+            ReqFraming::Empty => {}
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// The line that opens one chunk of `len` bytes: its size in hex and CRLF.
+pub fn chunk_size_line(len: usize) -> ([u8; 18], usize) {
+    let mut line = [0u8; 18];
+    let hex = b"0123456789abcdef";
+    let digits = if len == 0 { 1 } else { (usize::BITS - len.leading_zeros()).div_ceil(4) as usize };
+    for i in 0..digits {
+        line[digits - 1 - i] = hex[(len >> (4 * i)) & 0xf];
+    }
+    line[digits] = b'\r';
+    line[digits + 1] = b'\n';
+    (line, digits + 2)
+}
+
+/// The end of a chunked body: the last chunk, then the trailers, then the blank line.
+pub fn chunked_end(trailers: Option<&HeaderMap>) -> Vec<u8> {
+    let mut out = b"0\r\n".to_vec();
+    for (k, v) in trailers.into_iter().flatten() {
+        out.extend_from_slice(k.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// A request's `content-length`, if it has a valid one (several equal values count as one).
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+    let first = parse_length(values.next()?.as_bytes()).ok()?;
+    values.all(|v| parse_length(v.as_bytes()) == Ok(first)).then_some(first)
+}
+
+/// How a response body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RespFraming {
+    Length(u64),
+    Chunked,
+    /// Until the upstream closes the connection (which then cannot be reused).
+    Close,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct Head {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub framing: RespFraming,
+    /// The upstream lets the connection carry another request after this response.
+    pub keep_alive: bool,
+}
+
+/// Parse a response head from the front of `buf`, consuming it (and any informational 1xx
+/// heads before it). `Ok(None)`: more bytes are needed. `head_request`: the request was HEAD,
+/// so the response has no body whatever its headers say. Header values share `buf`'s memory.
+pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, ParseError> {
+    loop {
+        let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut resp, buf, &mut slots);
+        let len = match parsed {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD_BYTES => return err("response head too large"),
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return err(format!("more than {MAX_HEADERS} headers")),
+            Err(e) => return err(e.to_string()),
+        };
+        let code = resp.code.unwrap_or(0);
+        let status = StatusCode::from_u16(code).map_err(|_| ParseError(format!("status {code}")))?;
+        let version = if resp.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
+        // Offsets of every name and value, so they can point into the frozen head below.
+        let base = buf.as_ptr() as usize;
+        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+        let count = resp.headers.len();
+        for (slot, h) in spans.iter_mut().zip(resp.headers.iter()) {
+            let n = (h.name.as_ptr() as usize - base) as u32;
+            let v = (h.value.as_ptr() as usize - base) as u32;
+            *slot = (n, n + h.name.len() as u32, v, v + h.value.len() as u32);
+        }
+        let head = buf.split_to(len).freeze();
+        if code == 101 {
+            return err("101 Switching Protocols, but no upgrade was asked for");
+        }
+        if (100..200).contains(&code) {
+            continue; // informational (100 Continue, 103 Early Hints): the real answer follows
+        }
+        // Room beyond what arrived: the proxy adds its own headers to this map, and hyper's
+        // server reuses a response's map for the connection's next request, which gets
+        // headers added too. Growing a map reallocates it.
+        let mut headers = HeaderMap::with_capacity(count + SPARE_HEADERS);
+        let mut seen = Framing::default();
+        for &(n0, n1, v0, v1) in &spans[..count] {
+            let (n0, n1, v0, v1) = (n0 as usize, n1 as usize, v0 as usize, v1 as usize);
+            let name = HeaderName::from_bytes(&head[n0..n1]).map_err(|_| ParseError("invalid header name".into()))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(v0..v1)).map_err(|_| ParseError(format!("invalid value of header {name}")))?;
+            seen.note(&name, &value);
+            headers.append(name, value);
+        }
+        let framing = seen.framing(status, version, head_request)?;
+        let keep_alive = framing != RespFraming::Close && seen.persists(version);
+        return Ok(Some(Head { status, version, headers, framing, keep_alive }));
+    }
+}
+
+/// What a response's headers say about its framing and its connection, noted as the headers
+/// are read (so none is looked up again).
+#[derive(Default)]
+struct Framing {
+    transfer_encoding: bool,
+    /// The last `transfer-encoding` coding is `chunked`.
+    chunked: bool,
+    /// Every `content-length` value seen agrees (RFC 9110 §8.6); `Err` once one does not.
+    length: Option<Result<u64, ()>>,
+    close: bool,
+    keep_alive: bool,
+}
+
+impl Framing {
+    fn note(&mut self, name: &HeaderName, value: &HeaderValue) {
+        if name == header::CONTENT_LENGTH {
+            self.length = Some(match (self.length, parse_length(value.as_bytes())) {
+                (None, n) => n,
+                (Some(Ok(a)), Ok(b)) if a == b => Ok(a),
+                _ => Err(()),
+            });
+        } else if name == header::TRANSFER_ENCODING {
+            self.transfer_encoding = true;
+            let last = value.as_bytes().rsplit(|&b| b == b',').next().unwrap_or_default();
+            self.chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+        } else if name == header::CONNECTION {
+            for token in value.as_bytes().split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                self.close |= token.eq_ignore_ascii_case(b"close");
+                self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        }
+    }
+
+    fn framing(&self, status: StatusCode, version: Version, head_request: bool) -> Result<RespFraming, ParseError> {
+        if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            return Ok(RespFraming::Length(0));
+        }
+        if self.transfer_encoding {
+            if version == Version::HTTP_10 {
+                return err("transfer-encoding in an HTTP/1.0 response");
+            }
+            // Chunked only if it is the last coding applied; any other runs to the close.
+            return Ok(if self.chunked { RespFraming::Chunked } else { RespFraming::Close });
+        }
+        match self.length {
+            Some(Ok(n)) => Ok(RespFraming::Length(n)),
+            Some(Err(())) => err("invalid content-length"),
+            None => Ok(RespFraming::Close),
+        }
+    }
+
+    /// Whether the connection stays open after this response (RFC 9112 §9.3).
+    fn persists(&self, version: Version) -> bool {
+        if version == Version::HTTP_10 { self.keep_alive } else { !self.close }
+    }
+}
+
+/// One `content-length` value: digits, or a comma-separated list of equal ones.
+fn parse_length(v: &[u8]) -> Result<u64, ()> {
+    let mut found = None;
+    for part in v.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+        if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+            return Err(());
+        }
+        let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        if found.is_some_and(|f| f != n) {
+            return Err(());
+        }
+        found = Some(n);
+    }
+    found.ok_or(())
+}
+
+/// What the body decoder produced from the buffered bytes.
+#[derive(Debug, PartialEq)]
+pub enum Decoded {
+    Data(Bytes),
+    Trailers(HeaderMap),
+    /// The body is complete.
+    End,
+    /// Read more from the connection.
+    NeedMore,
+}
+
+/// A response body decoder over the connection's read buffer.
+#[derive(Debug)]
+pub enum Decoder {
+    Length(u64),
+    Chunked(Chunked),
+    /// Everything until the upstream closes; `eof` is set by the reader.
+    Close { eof: bool },
+}
+
+impl Decoder {
+    pub fn new(f: RespFraming) -> Decoder {
+        match f {
+            RespFraming::Length(n) => Decoder::Length(n),
+            RespFraming::Chunked => Decoder::Chunked(Chunked::default()),
+            RespFraming::Close => Decoder::Close { eof: false },
+        }
+    }
+
+    /// Take what the buffer holds of the body, up to `max` bytes in one data frame.
+    pub fn decode(&mut self, buf: &mut BytesMut, max: usize) -> Result<Decoded, ParseError> {
+        match self {
+            Decoder::Length(0) => Ok(Decoded::End),
+            Decoder::Length(left) => {
+                if buf.is_empty() {
+                    return Ok(Decoded::NeedMore);
+                }
+                let n = (*left).min(buf.len() as u64).min(max as u64) as usize;
+                *left -= n as u64;
+                Ok(Decoded::Data(buf.split_to(n).freeze()))
+            }
+            Decoder::Chunked(c) => c.decode(buf, max),
+            Decoder::Close { eof } => match (buf.is_empty(), *eof) {
+                (false, _) => {
+                    let n = buf.len().min(max);
+                    Ok(Decoded::Data(buf.split_to(n).freeze()))
+                }
+                (true, true) => Ok(Decoded::End),
+                (true, false) => Ok(Decoded::NeedMore),
+            },
+        }
+    }
+
+    /// No more body will come (so the connection's next bytes are the next response's).
+    pub fn is_done(&self) -> bool {
+        match self {
+            Decoder::Length(n) => *n == 0,
+            Decoder::Chunked(c) => c.state == ChunkState::Done,
+            Decoder::Close { .. } => false,
+        }
+    }
+
+    /// The body's remaining length, when the framing says it.
+    pub fn exact_remaining(&self) -> Option<u64> {
+        match self {
+            Decoder::Length(n) => Some(*n),
+            Decoder::Chunked(c) if c.state == ChunkState::Done => Some(0),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    /// Reading the hex size of the next chunk.
+    #[default]
+    Size,
+    /// After the size: optional whitespace and `;extensions`, up to CRLF.
+    Ext,
+    Data,
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// After the last (zero-size) chunk: trailer fields, then a blank line.
+    Trailers,
+    Done,
+}
+
+/// The chunked transfer coding, decoded incrementally: data is handed on as soon as it
+/// arrives, whatever the chunk boundaries.
+#[derive(Debug, Default)]
+pub struct Chunked {
+    state: ChunkState,
+    size: u64,
+    digits: u8,
+    ext: usize,
+    /// The size line ended (CR seen, waiting for LF).
+    cr: bool,
+}
+
+impl Chunked {
+    fn decode(&mut self, buf: &mut BytesMut, max: usize) -> Result<Decoded, ParseError> {
+        loop {
+            match self.state {
+                ChunkState::Done => return Ok(Decoded::End),
+                ChunkState::Size | ChunkState::Ext => {
+                    let Some(&b) = buf.first() else { return Ok(Decoded::NeedMore) };
+                    buf.advance(1);
+                    self.size_line_byte(b)?;
+                }
+                ChunkState::Data => {
+                    if buf.is_empty() {
+                        return Ok(Decoded::NeedMore);
+                    }
+                    let n = self.size.min(buf.len() as u64).min(max as u64) as usize;
+                    self.size -= n as u64;
+                    if self.size == 0 {
+                        self.state = ChunkState::DataEnd;
+                    }
+                    return Ok(Decoded::Data(buf.split_to(n).freeze()));
+                }
+                ChunkState::DataEnd => {
+                    if buf.len() < 2 {
+                        return Ok(Decoded::NeedMore);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return err("chunk data not followed by CRLF");
+                    }
+                    buf.advance(2);
+                    *self = Chunked::default();
+                }
+                ChunkState::Trailers => return self.trailers(buf),
+            }
+        }
+    }
+
+    fn size_line_byte(&mut self, b: u8) -> Result<(), ParseError> {
+        if self.cr {
+            if b != b'\n' {
+                return err("chunk size line not ended by CRLF");
+            }
+            if self.digits == 0 {
+                return err("chunk without a size");
+            }
+            self.cr = false;
+            self.state = if self.size == 0 { ChunkState::Trailers } else { ChunkState::Data };
+            return Ok(());
+        }
+        match (self.state, b) {
+            (_, b'\r') => self.cr = true,
+            (ChunkState::Size, b) if b.is_ascii_hexdigit() => {
+                if self.digits == 16 {
+                    return err("chunk size too large");
+                }
+                self.digits += 1;
+                self.size = self.size << 4 | u64::from((b as char).to_digit(16).unwrap_or(0));
+            }
+            (ChunkState::Size, b' ' | b'\t' | b';') if self.digits > 0 => self.state = ChunkState::Ext,
+            (ChunkState::Size, _) => return err("invalid chunk size"),
+            (_, b'\n') => return err("chunk size line not ended by CRLF"),
+            _ => {
+                self.ext += 1;
+                if self.ext > MAX_CHUNK_EXT_BYTES {
+                    return err("chunk extensions too long");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn trailers(&mut self, buf: &mut BytesMut) -> Result<Decoded, ParseError> {
+        if buf.len() < 2 {
+            return Ok(Decoded::NeedMore);
+        }
+        if &buf[..2] == b"\r\n" {
+            buf.advance(2);
+            self.state = ChunkState::Done;
+            return Ok(Decoded::End);
+        }
+        let mut slots = [httparse::EMPTY_HEADER; 32];
+        let (len, fields) = match httparse::parse_headers(buf, &mut slots) {
+            Ok(httparse::Status::Complete(done)) => done,
+            Ok(httparse::Status::Partial) if buf.len() >= MAX_TRAILER_BYTES => return err("trailers too large"),
+            Ok(httparse::Status::Partial) => return Ok(Decoded::NeedMore),
+            Err(e) => return err(format!("trailers: {e}")),
+        };
+        let mut map = HeaderMap::with_capacity(fields.len());
+        for f in fields.iter() {
+            let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| ParseError("invalid trailer name".into()))?;
+            let value = HeaderValue::from_bytes(f.value).map_err(|_| ParseError(format!("invalid value of trailer {name}")))?;
+            map.append(name, value);
+        }
+        buf.advance(len);
+        self.state = ChunkState::Done;
+        Ok(Decoded::Trailers(map))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head_of(raw: &str, head_request: bool) -> (Result<Option<Head>, ParseError>, BytesMut) {
+        let mut b = BytesMut::from(raw.as_bytes());
+        (parse_response(&mut b, head_request), b)
+    }
+
+    fn decode_all(d: &mut Decoder, raw: &[u8], step: usize) -> Result<(Vec<u8>, Option<HeaderMap>), ParseError> {
+        let mut buf = BytesMut::new();
+        let (mut body, mut trailers) = (Vec::new(), None);
+        let mut fed = 0;
+        loop {
+            match d.decode(&mut buf, 7)? {
+                Decoded::Data(b) => body.extend_from_slice(&b),
+                Decoded::Trailers(t) => trailers = Some(t),
+                Decoded::End => return Ok((body, trailers)),
+                Decoded::NeedMore if fed >= raw.len() => return err("truncated"),
+                Decoded::NeedMore => {
+                    let n = step.min(raw.len() - fed);
+                    buf.extend_from_slice(&raw[fed..fed + n]);
+                    fed += n;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn request_heads_carry_the_framing_the_body_needs() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("svc"));
+        let framing = |m: &Method, h: &HeaderMap, eos, exact| request_framing(m, h, eos, exact);
+        assert_eq!(framing(&Method::GET, &h, true, Some(0)), (ReqFraming::Empty, false));
+        assert_eq!(framing(&Method::POST, &h, false, Some(5)), (ReqFraming::Length(5), true));
+        assert_eq!(framing(&Method::POST, &h, false, None), (ReqFraming::Chunked, true));
+        assert_eq!(framing(&Method::GET, &h, false, None), (ReqFraming::Empty, false));
+        let mut out = Vec::new();
+        encode_request_head(&mut out, &Method::POST, "/v2/models/m/infer?x=1", &h, ReqFraming::Length(5), true);
+        assert_eq!(out, b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\nhost: svc\r\ncontent-length: 5\r\n\r\n");
+
+        // The request's own content-length frames the body; a stray transfer-encoding is dropped.
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("12"));
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        let (f, add) = framing(&Method::PUT, &h, false, None);
+        assert_eq!((f, add), (ReqFraming::Length(12), false));
+        out.clear();
+        encode_request_head(&mut out, &Method::PUT, "", &h, f, add);
+        assert_eq!(out, b"PUT / HTTP/1.1\r\nhost: svc\r\ncontent-length: 12\r\n\r\n");
+
+        // An invalid content-length is not forwarded beside the one we add.
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("12, 13"));
+        let (f, add) = framing(&Method::PUT, &h, false, Some(3));
+        out.clear();
+        encode_request_head(&mut out, &Method::PUT, "/", &h, f, add);
+        assert_eq!(out, b"PUT / HTTP/1.1\r\nhost: svc\r\ncontent-length: 3\r\n\r\n");
+    }
+
+    #[test]
+    fn chunk_size_lines_are_lowercase_hex() {
+        for (n, s) in [(0, "0\r\n"), (1, "1\r\n"), (15, "f\r\n"), (16, "10\r\n"), (65535, "ffff\r\n"), (1 << 20, "100000\r\n")] {
+            let (line, len) = chunk_size_line(n);
+            assert_eq!(&line[..len], s.as_bytes(), "{n}");
+        }
+        let mut t = HeaderMap::new();
+        t.insert("grpc-status", HeaderValue::from_static("0"));
+        assert_eq!(chunked_end(Some(&t)), b"0\r\ngrpc-status: 0\r\n\r\n");
+        assert_eq!(chunked_end(None), b"0\r\n\r\n");
+    }
+
+    #[test]
+    fn a_response_head_gives_status_headers_and_framing() {
+        let (h, rest) = head_of("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nx-a: 2\r\n\r\nhello", false);
+        let h = h.unwrap().unwrap();
+        assert_eq!((h.status, h.version, h.framing, h.keep_alive), (StatusCode::OK, Version::HTTP_11, RespFraming::Length(5), true));
+        assert_eq!(h.headers.get_all("x-a").iter().collect::<Vec<_>>(), ["1", "2"]);
+        assert_eq!(&rest[..], b"hello");
+
+        let (h, _) = head_of("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n", false);
+        let h = h.unwrap().unwrap();
+        assert_eq!((h.framing, h.keep_alive), (RespFraming::Chunked, false));
+        let (h, _) = head_of("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", false);
+        assert_eq!(h.unwrap().unwrap().framing, RespFraming::Close);
+        let (h, _) = head_of("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", false);
+        assert!(!h.unwrap().unwrap().keep_alive, "HTTP/1.0 closes unless asked to keep alive");
+        let (h, _) = head_of("HTTP/1.0 200 OK\r\nContent-Length: 1\r\nConnection: Keep-Alive\r\n\r\n", false);
+        assert!(h.unwrap().unwrap().keep_alive);
+        let (h, _) = head_of("HTTP/1.1 200 OK\r\n\r\n", false);
+        let h = h.unwrap().unwrap();
+        assert_eq!((h.framing, h.keep_alive), (RespFraming::Close, false));
+        // No body after HEAD, 204 and 304, whatever the headers say.
+        let (h, _) = head_of("HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n", true);
+        assert_eq!(h.unwrap().unwrap().framing, RespFraming::Length(0));
+        let (h, _) = head_of("HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n", false);
+        assert_eq!(h.unwrap().unwrap().framing, RespFraming::Length(0));
+    }
+
+    #[test]
+    fn informational_heads_are_skipped_and_partial_heads_wait() {
+        let (h, rest) = head_of("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n", false);
+        assert_eq!(h.unwrap().unwrap().status, StatusCode::CREATED);
+        assert!(rest.is_empty());
+        let (h, rest) = head_of("HTTP/1.1 200 OK\r\nContent-Len", false);
+        assert!(h.unwrap().is_none());
+        assert_eq!(rest.len(), "HTTP/1.1 200 OK\r\nContent-Len".len(), "a partial head is left in the buffer");
+    }
+
+    #[test]
+    fn malformed_heads_are_errors_naming_the_fault() {
+        for (raw, what) in [
+            ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "content-length"),
+            ("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "content-length"),
+            ("HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "HTTP/1.0"),
+            ("HTTP/1.1 101 Switching Protocols\r\n\r\n", "101"),
+            ("HTTP/1.1 2000 OK\r\n\r\n", "status"),
+            ("SMTP ready\r\n\r\n", "version"),
+        ] {
+            let e = head_of(raw, false).0.unwrap_err();
+            assert!(e.0.contains(what), "{raw:?}: {e}");
+        }
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("x-{i}: v\r\n")).collect();
+        assert!(head_of(&format!("HTTP/1.1 200 OK\r\n{many}\r\n"), false).0.is_err());
+        let big = format!("HTTP/1.1 200 OK\r\nx: {}", "a".repeat(MAX_HEAD_BYTES));
+        assert!(head_of(&big, false).0.unwrap_err().0.contains("too large"));
+    }
+
+    #[test]
+    fn chunked_bodies_decode_whatever_the_read_boundaries() {
+        let raw = b"5\r\nhello\r\n1;name=value\r\n \r\n10\r\n0123456789abcdef\r\n0\r\ngrpc-status: 0\r\n\r\n";
+        for step in [1, 2, 3, 7, raw.len()] {
+            let (body, trailers) = decode_all(&mut Decoder::new(RespFraming::Chunked), raw, step).unwrap();
+            assert_eq!(body, b"hello 0123456789abcdef", "step {step}");
+            assert_eq!(trailers.unwrap().get("grpc-status").unwrap(), "0");
+        }
+        let (body, trailers) = decode_all(&mut Decoder::new(RespFraming::Chunked), b"3\r\nabc\r\n0\r\n\r\n", 4).unwrap();
+        assert_eq!((body.as_slice(), trailers), (&b"abc"[..], None));
+        for bad in [&b"x\r\n"[..], b"3\r\nabcX\r\n", b"\r\n", b"11111111111111111\r\n", b"3\nabc"] {
+            assert!(decode_all(&mut Decoder::new(RespFraming::Chunked), bad, 1).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn length_and_close_bodies_stop_where_they_should() {
+        let mut d = Decoder::new(RespFraming::Length(4));
+        let mut buf = BytesMut::from(&b"abcdEXTRA"[..]);
+        assert_eq!(d.decode(&mut buf, 3).unwrap(), Decoded::Data(Bytes::from_static(b"abc")));
+        assert_eq!(d.decode(&mut buf, 3).unwrap(), Decoded::Data(Bytes::from_static(b"d")));
+        assert!(d.is_done());
+        assert_eq!(d.decode(&mut buf, 3).unwrap(), Decoded::End);
+        assert_eq!(&buf[..], b"EXTRA", "bytes past the body stay for the connection to judge");
+        let mut d = Decoder::new(RespFraming::Close);
+        let mut buf = BytesMut::new();
+        assert_eq!(d.decode(&mut buf, 3).unwrap(), Decoded::NeedMore);
+        d = Decoder::Close { eof: true };
+        assert_eq!(d.decode(&mut buf, 3).unwrap(), Decoded::End);
+        assert!(!d.is_done(), "a close-delimited body never leaves a reusable connection");
+    }
+}

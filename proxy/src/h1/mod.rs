@@ -1,0 +1,423 @@
+//! The HTTP/1.1 upstream client, driven inside the request's own task.
+//!
+//! Why not hyper's client: hyper runs every upstream connection as a task of its own, so each
+//! proxied request crossed tasks three times (the request into the connection's channel, the
+//! response head back through a oneshot, the body through a second channel), and paid the
+//! connection task's own polling. callgrind put that at a third of weft's instructions per
+//! request (bench/README.md, "Stop 23"). Here the task serving the downstream request writes
+//! the request and reads the response itself, and the response body reads straight from the
+//! upstream socket as the downstream side polls it: a connection is only ever touched by the
+//! one request it carries, or sits idle in its endpoint's pool.
+//!
+//! A request body streams while the response is awaited, and keeps streaming while the
+//! response body is read (an upstream may answer before the upload ends, as an echo server
+//! does). A connection goes back to the pool only when both directions finished cleanly and
+//! the upstream keeps it alive; anything else closes it. HTTP/2 upstreams stay on hyper.
+//!
+//! Framing rules (pure) are in [`codec`].
+
+pub mod codec;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, Method, Response};
+use http_body::{Body as _, Frame, SizeHint};
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker, ready};
+use tokio::io::AsyncWrite;
+use tokio::net::TcpStream;
+
+use crate::body::ReqBody;
+use crate::cluster::Endpoint;
+use crate::pool::ConnSlot;
+use codec::{Decoded, Decoder, ReqFraming};
+
+/// Room kept free in the read buffer before each read; below it, the buffer grows.
+const MIN_READ_ROOM: usize = 1024;
+/// Read buffer size while messages are small; it doubles, up to [`MAX_READ`], while reads fill it.
+const FIRST_READ: usize = 8 * 1024;
+const MAX_READ: usize = 256 * 1024;
+/// Request bodies up to this size are copied behind the head and go out in one write.
+const INLINE_BODY: usize = 16 * 1024;
+/// Largest data frame handed downstream at once.
+const MAX_FRAME: usize = 1 << 20;
+
+/// One upstream HTTP/1.1 connection, idle (in a pool) or carrying one request. Boxed for the
+/// connection's life: the request's futures and its response body move it around, and a
+/// pointer is cheaper to move than the socket and buffers (one allocation per connection,
+/// none per request).
+pub struct Conn(Box<Inner>);
+
+struct Inner {
+    io: TcpStream,
+    rbuf: BytesMut,
+    wbuf: Vec<u8>,
+    next_read: usize,
+    /// The cluster's `max_connections` place, given back when the connection closes.
+    _slot: ConnSlot,
+}
+
+/// Where a connection goes when its exchange ends cleanly.
+pub struct Home {
+    pub endpoint: Arc<Endpoint>,
+    pub max_idle: usize,
+}
+
+/// A failed exchange.
+pub enum SendError {
+    /// Nothing reached the upstream (the connection was found closed on the first write):
+    /// the body comes back, untouched, for another connection.
+    Unsent(ReqBody, String),
+    Failed(String),
+}
+
+/// The upstream failed while the response body was being read.
+#[derive(Debug)]
+pub struct Error(String);
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for Error {}
+
+impl Conn {
+    pub fn new(io: TcpStream, slot: ConnSlot) -> Conn {
+        Conn(Box::new(Inner { io, rbuf: BytesMut::new(), wbuf: Vec::new(), next_read: FIRST_READ, _slot: slot }))
+    }
+
+    /// Whether an idle connection can carry a request: the upstream has neither closed it nor
+    /// sent anything unasked. Costs no system call unless the socket became readable, which an
+    /// idle connection only does when the upstream closed it (or misbehaves).
+    pub fn is_usable(&self) -> bool {
+        let c = &self.0;
+        if !c.rbuf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        match c.io.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                matches!(c.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
+    /// Send one request and wait for the response head. The response body then reads from
+    /// this connection, which it takes along; at its end the connection goes `home` if it can
+    /// carry another request.
+    pub async fn send(
+        self,
+        method: &Method,
+        target: &str,
+        headers: &HeaderMap,
+        body: ReqBody,
+        home: Home,
+    ) -> Result<Response<Body>, SendError> {
+        let mut c = self.0;
+        let (framing, add) = codec::request_framing(method, headers, body.is_end_stream(), body.size_hint().exact());
+        c.wbuf.clear();
+        codec::encode_request_head(&mut c.wbuf, method, target, headers, framing, add);
+        // A small body already in hand goes out with the head, in one write.
+        let inline = match (&body, framing) {
+            (ReqBody::Full { data: Some(d) }, ReqFraming::Length(n)) if d.len() <= INLINE_BODY && d.len() as u64 == n => {
+                c.wbuf.extend_from_slice(d);
+                true
+            }
+            _ => false,
+        };
+        let mut written = 0;
+        if let Err(e) = poll_fn(|cx| poll_write_all(&mut c.io, cx, &c.wbuf, &mut written)).await {
+            return Err(match written {
+                0 => SendError::Unsent(body, format!("connection closed: {e}")),
+                _ => SendError::Failed(format!("error writing the request: {e}")),
+            });
+        }
+        let mut upload = match framing {
+            ReqFraming::Empty => None,
+            _ if inline => None,
+            f => Some(Box::new(Upload::new(body, f))),
+        };
+        let head_request = method == Method::HEAD;
+        let mut write_error = None;
+        let head = poll_fn(|cx| {
+            if let Some(up) = upload.as_mut() {
+                match up.poll(cx, &mut c.io) {
+                    Poll::Ready(Ok(())) => upload = None,
+                    // The client's own body failed: nothing valid can reach the upstream.
+                    Poll::Ready(Err(UploadError::Body(e))) => return Poll::Ready(Err(e)),
+                    // The upstream stopped reading; it may still have answered (413, 401).
+                    Poll::Ready(Err(UploadError::Write(e))) => {
+                        write_error = Some(e);
+                        upload = None;
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            c.poll_head(cx, head_request, write_error.as_deref())
+        })
+        .await
+        .map_err(SendError::Failed)?;
+        // An upload cut short leaves the connection unusable for another request.
+        let reusable = head.keep_alive && write_error.is_none();
+        let mut resp = Response::new(Body {
+            decoder: Decoder::new(head.framing),
+            conn: Some(Conn(c)),
+            upload,
+            reusable,
+            home: Some(home),
+        });
+        *resp.status_mut() = head.status;
+        *resp.version_mut() = head.version;
+        *resp.headers_mut() = head.headers;
+        let body = resp.body_mut();
+        if body.decoder.is_done() {
+            body.finish();
+        }
+        Ok(resp)
+    }
+}
+
+impl Inner {
+    fn poll_head(&mut self, cx: &mut Context<'_>, head_request: bool, write_error: Option<&str>) -> Poll<Result<codec::Head, String>> {
+        loop {
+            if let Some(head) = codec::parse_response(&mut self.rbuf, head_request).map_err(|e| e.to_string())? {
+                return Poll::Ready(Ok(head));
+            }
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) => {
+                    let why = write_error.map_or(String::new(), |e| format!(" (writing the request body: {e})"));
+                    return Poll::Ready(Err(format!("connection closed before the response{why}")));
+                }
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Err(format!("error reading the response: {e}"))),
+            }
+        }
+    }
+
+    /// Read once from the socket into the buffer's free room.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_ROOM {
+            self.rbuf.reserve(self.next_read);
+        }
+        let room = self.rbuf.capacity() - self.rbuf.len();
+        let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf))?;
+        // Reads that fill the room mean a large body: read more at a time.
+        if n == room && self.next_read < MAX_READ {
+            self.next_read *= 2;
+        }
+        Poll::Ready(Ok(n))
+    }
+}
+
+/// Write `buf` from `done` on, counting in `done` what was written.
+fn poll_write_all(io: &mut TcpStream, cx: &mut Context<'_>, buf: &[u8], done: &mut usize) -> Poll<io::Result<()>> {
+    while *done < buf.len() {
+        match ready!(Pin::new(&mut *io).poll_write(cx, &buf[*done..]))? {
+            0 => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+            n => *done += n,
+        }
+    }
+    Poll::Ready(Ok(()))
+}
+
+enum UploadError {
+    /// Reading the downstream's body failed.
+    Body(String),
+    /// Writing to the upstream failed.
+    Write(String),
+}
+
+/// A request body on its way upstream, encoded per its framing.
+struct Upload {
+    body: ReqBody,
+    framing: ReqFraming,
+    /// Bytes encoded and not yet written.
+    out: VecDeque<Bytes>,
+    /// The body has ended; what is left is in `out`.
+    ended: bool,
+}
+
+impl Upload {
+    fn new(body: ReqBody, framing: ReqFraming) -> Upload {
+        Upload { body, framing, out: VecDeque::new(), ended: false }
+    }
+
+    /// Move the body along until it is all written (`Ready(Ok)`), fails, or waits.
+    fn poll(&mut self, cx: &mut Context<'_>, io: &mut TcpStream) -> Poll<Result<(), UploadError>> {
+        loop {
+            if !self.out.is_empty() {
+                ready!(self.poll_flush(cx, io)).map_err(|e| UploadError::Write(e.to_string()))?;
+                continue;
+            }
+            if self.ended {
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                None => {
+                    self.ended = true;
+                    match self.framing {
+                        ReqFraming::Chunked => self.out.push_back(Bytes::from(codec::chunked_end(None))),
+                        ReqFraming::Length(0) | ReqFraming::Empty => {}
+                        ReqFraming::Length(n) => {
+                            return Poll::Ready(Err(UploadError::Body(format!("request body ended {n} bytes short of its content-length"))));
+                        }
+                    }
+                }
+                Some(Err(e)) => return Poll::Ready(Err(UploadError::Body(format!("error reading the request body: {e}")))),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => self.encode(data)?,
+                    Err(frame) => {
+                        // Trailers end the body; only the chunked coding can carry them.
+                        self.ended = true;
+                        if self.framing == ReqFraming::Chunked {
+                            self.out.push_back(Bytes::from(codec::chunked_end(frame.trailers_ref())));
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    fn encode(&mut self, data: Bytes) -> Result<(), UploadError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        match &mut self.framing {
+            ReqFraming::Length(left) => {
+                let n = data.len() as u64;
+                if n > *left {
+                    return Err(UploadError::Body(format!("request body longer than its content-length (by {} bytes)", n - *left)));
+                }
+                *left -= n;
+                // Complete: the body may not say so until polled again, which a
+                // content-length makes needless.
+                self.ended = *left == 0;
+                self.out.push_back(data);
+            }
+            ReqFraming::Chunked => {
+                let (line, len) = codec::chunk_size_line(data.len());
+                self.out.push_back(Bytes::copy_from_slice(&line[..len]));
+                self.out.push_back(data);
+                self.out.push_back(Bytes::from_static(b"\r\n"));
+            }
+            ReqFraming::Empty => {}
+        }
+        Ok(())
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>, io: &mut TcpStream) -> Poll<io::Result<()>> {
+        while !self.out.is_empty() {
+            let mut slices = [IoSlice::new(&[]); 8];
+            let k = slices.iter_mut().zip(&self.out).map(|(s, b)| *s = IoSlice::new(b)).count();
+            let mut n = ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..k]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            while n > 0 {
+                let front = self.out.front_mut().expect("written bytes were queued");
+                if n >= front.len() {
+                    n -= front.len();
+                    self.out.pop_front();
+                } else {
+                    front.advance(n);
+                    n = 0;
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A response body read from its upstream connection. It also finishes the request's upload
+/// if the response came first.
+pub struct Body {
+    /// Taken when the body ends: back to the pool, or closed.
+    conn: Option<Conn>,
+    decoder: Decoder,
+    upload: Option<Box<Upload>>,
+    /// The upstream keeps the connection alive and the upload did not fail.
+    reusable: bool,
+    home: Option<Home>,
+}
+
+impl Body {
+    /// The body is complete: the connection goes back to its pool if both directions ended
+    /// cleanly and nothing unasked follows, else it closes.
+    fn finish(&mut self) {
+        let (Some(conn), Some(home)) = (self.conn.take(), self.home.take()) else { return };
+        if self.reusable && self.upload.is_none() && self.decoder.is_done() && conn.0.rbuf.is_empty() {
+            home.endpoint.pool().checkin(conn, home.max_idle);
+        }
+    }
+
+    fn fail(&mut self, why: String) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        self.conn = None;
+        Poll::Ready(Some(Err(Error(why))))
+    }
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = self.get_mut();
+        let Some(Conn(conn)) = this.conn.as_mut() else { return Poll::Ready(None) };
+        if let Some(up) = this.upload.as_mut() {
+            match up.poll(cx, &mut conn.io) {
+                Poll::Ready(Ok(())) => this.upload = None,
+                Poll::Ready(Err(_)) => {
+                    // The response goes on; the connection will not carry another request.
+                    this.upload = None;
+                    this.reusable = false;
+                }
+                Poll::Pending => {}
+            }
+        }
+        loop {
+            let decoded = match this.decoder.decode(&mut conn.rbuf, MAX_FRAME) {
+                Ok(d) => d,
+                Err(e) => return this.fail(e.to_string()),
+            };
+            match decoded {
+                Decoded::Data(b) => {
+                    if this.decoder.is_done() {
+                        this.finish();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(b))));
+                }
+                Decoded::Trailers(t) => {
+                    this.finish();
+                    return Poll::Ready(Some(Ok(Frame::trailers(t))));
+                }
+                Decoded::End => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Decoded::NeedMore => match ready!(conn.poll_fill(cx)) {
+                    Ok(0) => match &mut this.decoder {
+                        Decoder::Close { eof } => *eof = true,
+                        _ => return this.fail("upstream closed the connection in the middle of the response body".into()),
+                    },
+                    Ok(_) => {}
+                    Err(e) => return this.fail(format!("error reading the response body: {e}")),
+                },
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.decoder.is_done() || matches!(self.decoder, Decoder::Close { eof: true })
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.decoder.exact_remaining().map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
