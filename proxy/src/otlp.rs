@@ -30,7 +30,7 @@
 //! proxy already writes into `traceparent`; records built straight into the OTLP protobuf types
 //! (`opentelemetry-proto`) give both, with fewer crates.
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Version};
+use http::{HeaderName, Method, Request, Version};
 use metrics::{Counter, Label};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
@@ -558,6 +558,14 @@ pub struct Attempt {
     resend: u32,
 }
 
+/// A `traceparent` value (W3C, version 00) for `span_id` in trace `trace_id`.
+fn write_traceparent(tp: &mut [u8; 55], trace_id: &[u8; 16], span_id: &[u8; 8], flags: u8) {
+    *tp = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    telemetry::hex_into(&mut tp[3..35], u128::from_be_bytes(*trace_id));
+    telemetry::hex_into(&mut tp[36..52], u64::from_be_bytes(*span_id) as u128);
+    telemetry::hex_into(&mut tp[53..55], flags as u128);
+}
+
 impl ReqSpan {
     /// The raw tenant header (metrics cap its cardinality; a trace need not).
     pub(crate) fn set_tenant(&mut self, tenant: Option<&str>) {
@@ -570,20 +578,10 @@ impl ReqSpan {
         self
     }
 
-    fn traceparent(&self, span_id: &[u8; 8]) -> Option<HeaderValue> {
-        let mut tp = *b"00-00000000000000000000000000000000-0000000000000000-00";
-        telemetry::hex_into(&mut tp[3..35], u128::from_be_bytes(self.trace_id));
-        telemetry::hex_into(&mut tp[36..52], u64::from_be_bytes(*span_id) as u128);
-        telemetry::hex_into(&mut tp[53..55], self.flags as u128);
-        HeaderValue::from_bytes(&tp).ok()
-    }
-
-    /// A try starts: its own span id goes upstream in `traceparent`.
-    pub(crate) fn attempt(&mut self, headers: &mut HeaderMap, endpoint: &Arc<str>, peer: SocketAddr) -> Attempt {
+    /// A try starts: its own span id goes upstream in `traceparent` (`tp`, the value sent).
+    pub(crate) fn attempt(&mut self, tp: &mut [u8; 55], endpoint: &Arc<str>, peer: SocketAddr) -> Attempt {
         let span_id = new_span_id();
-        if let Some(v) = self.traceparent(&span_id) {
-            headers.insert(TRACEPARENT.clone(), v);
-        }
+        write_traceparent(tp, &self.trace_id, &span_id, self.flags);
         let start = Instant::now();
         self.tries += 1;
         Attempt { span_id, start_ns: unix_ns_at(start), start, endpoint: endpoint.clone(), peer, resend: self.tries - 1 }
@@ -748,15 +746,9 @@ pub struct ChildSpan {
 }
 
 impl ChildSpan {
-    /// Send this span's id upstream.
-    pub(crate) fn set_header(&self, headers: &mut HeaderMap) {
-        let mut tp = *b"00-00000000000000000000000000000000-0000000000000000-00";
-        telemetry::hex_into(&mut tp[3..35], u128::from_be_bytes(self.trace_id));
-        telemetry::hex_into(&mut tp[36..52], u64::from_be_bytes(self.span_id) as u128);
-        telemetry::hex_into(&mut tp[53..55], self.flags as u128);
-        if let Ok(v) = HeaderValue::from_bytes(&tp) {
-            headers.insert(TRACEPARENT.clone(), v);
-        }
+    /// Send this span's id upstream: written into `tp`, the copy's `traceparent`.
+    pub(crate) fn set_traceparent(&self, tp: &mut [u8; 55]) {
+        write_traceparent(tp, &self.trace_id, &self.span_id, self.flags);
     }
 
     /// The copy ended (`labels`: the shadow's, endpoint included when one was reached).
@@ -1026,6 +1018,7 @@ mod tests {
 
     #[test]
     fn traceparent_continues_the_callers_trace_and_sampling() {
+        use http::HeaderValue;
         let (t, ex) = exporter(1.0, 8);
         t.set_otlp_for_test(ex.clone());
         let mut req = Request::new(());
@@ -1033,9 +1026,8 @@ mod tests {
         let mut tp = telemetry::traceparent(req.headers().get("traceparent").map(|v| v.as_bytes()));
         let mut s = start(&t, &req, &mut tp, Instant::now()).expect("the caller sampled it");
         assert_eq!(s.parent, unhex::<8>(b"00f067aa0ba902b7"));
-        let mut h = HeaderMap::new();
-        let a = s.attempt(&mut h, &Arc::from("127.0.0.1:80"), "127.0.0.1:80".parse().unwrap());
-        let sent = h.get("traceparent").unwrap().to_str().unwrap().to_string();
+        let a = s.attempt(&mut tp, &Arc::from("127.0.0.1:80"), "127.0.0.1:80".parse().unwrap());
+        let sent = std::str::from_utf8(&tp).unwrap().to_string();
         let id: String = a.span_id.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(sent, format!("00-4bf92f3577b34da6a3ce929d0e0e4736-{id}-01"));
         // The caller said "not sampled": not traced, and the flag goes on unchanged.

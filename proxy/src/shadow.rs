@@ -30,6 +30,7 @@ pub(crate) fn spawn(
     s: &ShadowRt,
     parts: &http::request::Parts,
     authority: &http::HeaderValue,
+    traceparent: [u8; 55],
     body: &Prepared,
     primary: &Labels,
     span: Option<crate::otlp::ChildSpan>,
@@ -50,10 +51,19 @@ pub(crate) fn spawn(
     let (k, v) = crate::proxy::shadow_header();
     headers.insert(k, v);
     headers.remove("x-weft-variant");
+    let mut traceparent = traceparent;
     if let Some(s) = &span {
-        s.set_header(&mut headers);
+        s.set_traceparent(&mut traceparent);
     }
-    let mut req = ReqParts { method: parts.method.clone(), uri: parts.uri.clone(), headers, authority: authority.clone(), span: None };
+    let mut req = ReqParts {
+        method: parts.method.clone(),
+        uri: parts.uri.clone(),
+        headers,
+        authority: authority.clone(),
+        traceparent,
+        variant: None,
+        span: None,
+    };
     let mut labels = primary.clone();
     labels.variant = s.variant.clone();
     labels.cluster = cluster.name.clone();

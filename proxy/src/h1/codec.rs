@@ -8,6 +8,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 use std::mem::MaybeUninit;
 
+use super::Head as ReqHead;
+
 /// Most headers a response head may carry (hyper's default too).
 pub const MAX_HEADERS: usize = 100;
 /// Room for headers added to a parsed response's map (see [`parse_response`]).
@@ -63,23 +65,27 @@ pub fn request_framing(method: &Method, headers: &HeaderMap, end_of_stream: bool
 }
 
 /// Append the request head: `METHOD target HTTP/1.1`, the headers as given (hop-by-hop ones
-/// were removed by the caller), and the framing header when `add_framing`. A `content-length`
-/// that is not the one framing the body (invalid, or beside our own) is left out.
-pub fn encode_request_head(out: &mut Vec<u8>, method: &Method, target: &str, headers: &HeaderMap, framing: ReqFraming, add_framing: bool) {
-    let size: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
-    out.reserve(method.as_str().len() + target.len() + size + 48);
-    out.extend_from_slice(method.as_str().as_bytes());
+/// were removed by the caller) except those named in `head.set`, which are written with the
+/// values given there, and the framing header when `add_framing`. A `content-length` that is
+/// not the one framing the body (invalid, or beside our own) is left out.
+pub fn encode_request_head(out: &mut Vec<u8>, head: &ReqHead<'_>, framing: ReqFraming, add_framing: bool) {
+    let (method, target) = (head.method.as_str(), head.target);
+    let size: usize = head.headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    let set_size: usize = head.set.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    out.reserve(method.len() + target.len() + size + set_size + 48);
+    out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(if target.is_empty() { b"/" } else { target.as_bytes() });
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let keep_length = !add_framing && matches!(framing, ReqFraming::Length(_));
-    for (k, v) in headers {
+    let fields = head.headers.iter().filter(|(k, _)| !head.set.iter().any(|(s, _)| s == k));
+    for (k, v) in fields.map(|(k, v)| (k, v.as_bytes())).chain(head.set.iter().map(|&(k, v)| (k, v))) {
         if k == header::TRANSFER_ENCODING || (k == header::CONTENT_LENGTH && !keep_length) {
             continue;
         }
         out.extend_from_slice(k.as_str().as_bytes());
         out.extend_from_slice(b": ");
-        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(v);
         out.extend_from_slice(b"\r\n");
     }
     if add_framing {
@@ -522,8 +528,12 @@ mod tests {
         assert_eq!(framing(&Method::POST, &h, false, Some(5)), (ReqFraming::Length(5), true));
         assert_eq!(framing(&Method::POST, &h, false, None), (ReqFraming::Chunked, true));
         assert_eq!(framing(&Method::GET, &h, false, None), (ReqFraming::Empty, false));
-        let mut out = Vec::new();
-        encode_request_head(&mut out, &Method::POST, "/v2/models/m/infer?x=1", &h, ReqFraming::Length(5), true);
+        let encode = |method: &Method, target: &str, headers: &HeaderMap, (f, add): (ReqFraming, bool)| {
+            let mut out = Vec::new();
+            encode_request_head(&mut out, &ReqHead { method, target, headers, set: &[] }, f, add);
+            out
+        };
+        let out = encode(&Method::POST, "/v2/models/m/infer?x=1", &h, (ReqFraming::Length(5), true));
         assert_eq!(out, b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\nhost: svc\r\ncontent-length: 5\r\n\r\n");
 
         // The request's own content-length frames the body; a stray transfer-encoding is dropped.
@@ -531,16 +541,28 @@ mod tests {
         h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         let (f, add) = framing(&Method::PUT, &h, false, None);
         assert_eq!((f, add), (ReqFraming::Length(12), false));
-        out.clear();
-        encode_request_head(&mut out, &Method::PUT, "", &h, f, add);
+        let out = encode(&Method::PUT, "", &h, (f, add));
         assert_eq!(out, b"PUT / HTTP/1.1\r\nhost: svc\r\ncontent-length: 12\r\n\r\n");
 
         // An invalid content-length is not forwarded beside the one we add.
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("12, 13"));
         let (f, add) = framing(&Method::PUT, &h, false, Some(3));
-        out.clear();
-        encode_request_head(&mut out, &Method::PUT, "/", &h, f, add);
+        let out = encode(&Method::PUT, "/", &h, (f, add));
         assert_eq!(out, b"PUT / HTTP/1.1\r\nhost: svc\r\ncontent-length: 3\r\n\r\n");
+    }
+
+    #[test]
+    fn headers_the_proxy_sets_replace_the_requests_own() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("svc"));
+        h.insert("traceparent", HeaderValue::from_static("from-the-client"));
+        h.insert("x-weft-variant", HeaderValue::from_static("forced"));
+        h.insert("x-user-id", HeaderValue::from_static("7"));
+        let (tp, v) = (HeaderName::from_static("traceparent"), HeaderName::from_static("x-weft-variant"));
+        let set: [(&HeaderName, &[u8]); 2] = [(&tp, b"00-ab-cd-01"), (&v, b"b")];
+        let mut out = Vec::new();
+        encode_request_head(&mut out, &ReqHead { method: &Method::GET, target: "/", headers: &h, set: &set }, ReqFraming::Empty, false);
+        assert_eq!(out, b"GET / HTTP/1.1\r\nhost: svc\r\nx-user-id: 7\r\ntraceparent: 00-ab-cd-01\r\nx-weft-variant: b\r\n\r\n");
     }
 
     #[test]

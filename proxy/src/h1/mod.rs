@@ -19,7 +19,7 @@
 pub mod codec;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, Method, Response};
+use http::{HeaderMap, HeaderName, Method, Response};
 use http_body::{Body as _, Frame, SizeHint};
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -58,6 +58,16 @@ struct Inner {
     next_read: usize,
     /// The cluster's `max_connections` place, given back when the connection closes.
     _slot: ConnSlot,
+}
+
+/// A request head to write: the request's own headers, and `set`, headers the proxy sets per
+/// try, written instead of any the request carries under the same names.
+pub struct Head<'a> {
+    pub method: &'a Method,
+    /// Origin form: path and query.
+    pub target: &'a str,
+    pub headers: &'a HeaderMap,
+    pub set: &'a [(&'a HeaderName, &'a [u8])],
 }
 
 /// Where a connection goes when its exchange ends cleanly.
@@ -112,18 +122,12 @@ impl Conn {
     /// Send one request and wait for the response head. The response body then reads from
     /// this connection, which it takes along; at its end the connection goes `home` if it can
     /// carry another request.
-    pub async fn send(
-        self,
-        method: &Method,
-        target: &str,
-        headers: &HeaderMap,
-        body: ReqBody,
-        home: Home,
-    ) -> Result<Response<Body>, SendError> {
+    pub async fn send(self, head: Head<'_>, body: ReqBody, home: Home) -> Result<Response<Body>, SendError> {
         let mut c = self.0;
-        let (framing, add) = codec::request_framing(method, headers, body.is_end_stream(), body.size_hint().exact());
+        let method = head.method;
+        let (framing, add) = codec::request_framing(method, head.headers, body.is_end_stream(), body.size_hint().exact());
         c.wbuf.clear();
-        codec::encode_request_head(&mut c.wbuf, method, target, headers, framing, add);
+        codec::encode_request_head(&mut c.wbuf, &head, framing, add);
         // A small body already in hand goes out with the head, in one write.
         let inline = match (&body, framing) {
             (ReqBody::Full { data: Some(d) }, ReqFraming::Length(n)) if d.len() <= INLINE_BODY && d.len() as u64 == n => {
@@ -187,7 +191,10 @@ impl Conn {
 impl Inner {
     fn poll_head(&mut self, cx: &mut Context<'_>, head_request: bool, write_error: Option<&str>) -> Poll<Result<codec::Head, String>> {
         loop {
-            if let Some(head) = codec::parse_response(&mut self.rbuf, head_request).map_err(|e| e.to_string())? {
+            // Parsed only once bytes came (an empty buffer is the usual case before a read).
+            if !self.rbuf.is_empty()
+                && let Some(head) = codec::parse_response(&mut self.rbuf, head_request).map_err(|e| e.to_string())?
+            {
                 return Poll::Ready(Ok(head));
             }
             match ready!(self.poll_fill(cx)) {
