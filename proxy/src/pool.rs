@@ -34,10 +34,21 @@ pub enum ConnectError {
     Timeout,
 }
 
+/// How many sweeps (one a second, see [`Pool::sweep`]) an HTTP/1.1 connection may stay idle
+/// before it is closed: hyper-util's 90 s.
+pub const MAX_IDLE_SWEEPS: u32 = 90;
+
 #[derive(Default)]
 pub struct Pool {
-    idle: Mutex<Vec<h1::Conn>>,
+    idle: Mutex<Idle>,
     h2: Mutex<Option<H2>>,
+}
+
+/// Idle HTTP/1.1 connections, each with the sweep count at which it went idle.
+#[derive(Default)]
+struct Idle {
+    conns: Vec<(h1::Conn, u32)>,
+    sweeps: u32,
 }
 
 /// Connection-level settings shared by the endpoints of a cluster.
@@ -54,8 +65,8 @@ impl Pool {
         match dial.protocol {
             UpstreamProtocol::Http1 => {
                 loop {
-                    let popped = self.idle.lock().unwrap().pop();
-                    let Some(conn) = popped else { break };
+                    let popped = self.idle.lock().unwrap().conns.pop();
+                    let Some((conn, _)) = popped else { break };
                     if conn.is_usable() {
                         return Ok(Conn::H1 { conn, reused: true });
                     }
@@ -77,21 +88,30 @@ impl Pool {
         }
     }
 
-    /// Return an HTTP/1.1 connection whose exchange ended cleanly. Idle connections are not
-    /// watched, so the oldest one is checked here: one the upstream closed meanwhile is let go
-    /// (with its `max_connections` place) instead of waiting for a checkout to find it.
+    /// Return an HTTP/1.1 connection whose exchange ended cleanly.
     pub fn checkin(&self, conn: h1::Conn, max_idle: usize) {
         let mut idle = self.idle.lock().unwrap();
-        if idle.first().is_some_and(|c| !c.is_usable()) {
-            idle.remove(0);
-        }
-        if idle.len() < max_idle {
-            idle.push(conn);
+        if idle.conns.len() < max_idle {
+            let at = idle.sweeps;
+            idle.conns.push((conn, at));
         }
     }
 
+    /// Close the idle HTTP/1.1 connections that the upstream closed meanwhile, or that sat idle
+    /// past [`MAX_IDLE_SWEEPS`]. Nothing watches an idle connection (no task per connection),
+    /// so without this a closed one would keep its socket and its place in the cluster's
+    /// `max_connections` until a request on this worker happened to pick it. Each worker
+    /// sweeps its own pools once a second (`server::sweep_idle`); no system call is made for
+    /// a connection whose socket has not become readable.
+    pub fn sweep(&self) {
+        let mut idle = self.idle.lock().unwrap();
+        idle.sweeps = idle.sweeps.wrapping_add(1);
+        let now = idle.sweeps;
+        idle.conns.retain(|(c, at)| now.wrapping_sub(*at) < MAX_IDLE_SWEEPS && c.is_usable());
+    }
+
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().unwrap().len() + usize::from(self.h2.lock().unwrap().is_some())
+        self.idle.lock().unwrap().conns.len() + usize::from(self.h2.lock().unwrap().is_some())
     }
 }
 

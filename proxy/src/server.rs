@@ -162,6 +162,19 @@ fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpList
     Ok(s.into())
 }
 
+/// Sweep the calling worker's upstream pools: see [`crate::pool::Pool::sweep`].
+async fn sweep_idle(sh: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let snap = sh.snapshot.load();
+        for ep in snap.clusters.iter().flat_map(|c| c.endpoints.iter()) {
+            ep.pool().sweep();
+        }
+    }
+}
+
 fn run_worker(id: usize, sh: Arc<Shared>, sockets: Vec<std::net::TcpListener>) {
     crate::worker::set_id(id);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
@@ -191,6 +204,9 @@ fn run_worker(id: usize, sh: Arc<Shared>, sockets: Vec<std::net::TcpListener>) {
             });
         }
         drop(conn_tx);
+        // Beside the accept loops (and stopped with them): this worker's idle upstream
+        // connections are swept once a second.
+        accepts.spawn(sweep_idle(sh.clone()));
         loop {
             tokio::select! {
                 got = conn_rx.recv() => {

@@ -18,8 +18,8 @@ const SPARE_HEADERS: usize = 6;
 pub const MAX_HEAD_BYTES: usize = 400 * 1024;
 /// Largest trailer section of a chunked response.
 const MAX_TRAILER_BYTES: usize = 64 * 1024;
-/// Longest chunk extension we skip over on one chunk-size line.
-const MAX_CHUNK_EXT_BYTES: usize = 4 * 1024;
+/// Most bytes of chunk extensions (and leading zeros) skipped over in one body, as hyper.
+const MAX_CHUNK_EXT_BYTES: usize = 16 * 1024;
 
 /// Why a response could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,10 +129,13 @@ pub fn chunk_size_line(len: usize) -> ([u8; 18], usize) {
     (line, digits + 2)
 }
 
-/// The end of a chunked body: the last chunk, then the trailers, then the blank line.
-pub fn chunked_end(trailers: Option<&HeaderMap>) -> Vec<u8> {
+/// The end of a chunked body: the last chunk, then the trailers the request declared in its
+/// `Trailer` header (`allowed`), then the blank line. As hyper's client: undeclared trailers,
+/// and fields that must never be trailers (framing, routing, auth), are not sent.
+pub fn chunked_end(trailers: Option<&HeaderMap>, allowed: &[HeaderName]) -> Vec<u8> {
     let mut out = b"0\r\n".to_vec();
-    for (k, v) in trailers.into_iter().flatten() {
+    let sent = |k: &HeaderName| allowed.contains(k) && allowed_trailer(k);
+    for (k, v) in trailers.into_iter().flatten().filter(|(k, _)| sent(k)) {
         out.extend_from_slice(k.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(v.as_bytes());
@@ -140,6 +143,24 @@ pub fn chunked_end(trailers: Option<&HeaderMap>) -> Vec<u8> {
     }
     out.extend_from_slice(b"\r\n");
     out
+}
+
+/// Fields never sent as trailers (RFC 9110 §6.5.1; hyper's list).
+fn allowed_trailer(name: &HeaderName) -> bool {
+    use header::*;
+    ![AUTHORIZATION, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HOST, MAX_FORWARDS, SET_COOKIE, TRAILER, TRANSFER_ENCODING, TE]
+        .contains(name)
+}
+
+/// The trailer fields a request declares in its `Trailer` header.
+pub fn declared_trailers(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::TRAILER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect()
 }
 
 /// A request's `content-length`, if it has a valid one (several equal values count as one).
@@ -167,6 +188,8 @@ pub struct Head {
     pub framing: RespFraming,
     /// The upstream lets the connection carry another request after this response.
     pub keep_alive: bool,
+    /// The reason phrase, when it is not the status code's canonical one.
+    pub reason: Option<Bytes>,
 }
 
 /// Parse a response head from the front of `buf`, consuming it (and any informational 1xx
@@ -196,6 +219,8 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
             let v = (h.value.as_ptr() as usize - base) as u32;
             *slot = (n, n + h.name.len() as u32, v, v + h.value.len() as u32);
         }
+        // A reason phrase other than the status's own goes on downstream as it came.
+        let reason = resp.reason.filter(|r| !r.is_empty() && Some(*r) != status.canonical_reason()).map(|r| Bytes::copy_from_slice(r.as_bytes()));
         let head = buf.split_to(len).freeze();
         if code == 101 {
             return err("101 Switching Protocols, but no upgrade was asked for");
@@ -216,8 +241,11 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
             headers.append(name, value);
         }
         let framing = seen.framing(status, version, head_request)?;
-        let keep_alive = framing != RespFraming::Close && seen.persists(version);
-        return Ok(Some(Head { status, version, headers, framing, keep_alive }));
+        if seen.both_framings() {
+            headers.remove(header::CONTENT_LENGTH);
+        }
+        let keep_alive = framing != RespFraming::Close && seen.persists(version) && !seen.both_framings();
+        return Ok(Some(Head { status, version, headers, framing, keep_alive, reason }));
     }
 }
 
@@ -272,9 +300,16 @@ impl Framing {
         }
     }
 
-    /// Whether the connection stays open after this response (RFC 9112 §9.3).
+    /// Whether the connection stays open after this response (RFC 9112 §9.3): a `close`
+    /// anywhere wins; HTTP/1.0 persists only when asked to.
     fn persists(&self, version: Version) -> bool {
-        if version == Version::HTTP_10 { self.keep_alive } else { !self.close }
+        !self.close && (version != Version::HTTP_10 || self.keep_alive)
+    }
+
+    /// Both `transfer-encoding` and `content-length`: the coding frames the body, and the
+    /// length must not be forwarded (RFC 9112 §6.3); the connection is not reused after it.
+    fn both_framings(&self) -> bool {
+        self.transfer_encoding && self.length.is_some()
     }
 }
 
@@ -371,7 +406,9 @@ enum ChunkState {
     /// Reading the hex size of the next chunk.
     #[default]
     Size,
-    /// After the size: optional whitespace and `;extensions`, up to CRLF.
+    /// After the size: optional whitespace, then `;extensions` or CRLF.
+    SizeWs,
+    /// `;extensions`, up to CRLF.
     Ext,
     Data,
     /// The CRLF after a chunk's data.
@@ -387,7 +424,10 @@ enum ChunkState {
 pub struct Chunked {
     state: ChunkState,
     size: u64,
+    /// Digits of the size seen, and how many of them count (leading zeros do not).
     digits: u8,
+    significant: u8,
+    /// Extension bytes skipped so far in this body.
     ext: usize,
     /// The size line ended (CR seen, waiting for LF).
     cr: bool,
@@ -398,7 +438,7 @@ impl Chunked {
         loop {
             match self.state {
                 ChunkState::Done => return Ok(Decoded::End),
-                ChunkState::Size | ChunkState::Ext => {
+                ChunkState::Size | ChunkState::SizeWs | ChunkState::Ext => {
                     let Some(&b) = buf.first() else { return Ok(Decoded::NeedMore) };
                     buf.advance(1);
                     self.size_line_byte(b)?;
@@ -422,7 +462,7 @@ impl Chunked {
                         return err("chunk data not followed by CRLF");
                     }
                     buf.advance(2);
-                    *self = Chunked::default();
+                    *self = Chunked { ext: self.ext, ..Chunked::default() };
                 }
                 ChunkState::Trailers => return self.trailers(buf),
             }
@@ -434,45 +474,60 @@ impl Chunked {
             if b != b'\n' {
                 return err("chunk size line not ended by CRLF");
             }
-            if self.digits == 0 {
-                return err("chunk without a size");
-            }
             self.cr = false;
             self.state = if self.size == 0 { ChunkState::Trailers } else { ChunkState::Data };
             return Ok(());
         }
         match (self.state, b) {
-            (_, b'\r') => self.cr = true,
             (ChunkState::Size, b) if b.is_ascii_hexdigit() => {
-                if self.digits == 16 {
-                    return err("chunk size too large");
+                self.digits = self.digits.saturating_add(1);
+                if self.size > 0 || b != b'0' {
+                    if self.significant == 16 {
+                        return err("chunk size too large");
+                    }
+                    self.significant += 1;
+                } else {
+                    self.count_ext()?; // a leading zero: bounded like extensions
                 }
-                self.digits += 1;
                 self.size = self.size << 4 | u64::from((b as char).to_digit(16).unwrap_or(0));
             }
-            (ChunkState::Size, b' ' | b'\t' | b';') if self.digits > 0 => self.state = ChunkState::Ext,
-            (ChunkState::Size, _) => return err("invalid chunk size"),
-            (_, b'\n') => return err("chunk size line not ended by CRLF"),
-            _ => {
-                self.ext += 1;
-                if self.ext > MAX_CHUNK_EXT_BYTES {
-                    return err("chunk extensions too long");
-                }
+            (_, _) if self.state == ChunkState::Size && self.digits == 0 => return err("chunk without a size"),
+            (ChunkState::Size | ChunkState::SizeWs, b'\r') => self.cr = true,
+            (ChunkState::Size | ChunkState::SizeWs, b' ' | b'\t') => {
+                self.state = ChunkState::SizeWs;
+                self.count_ext()?;
             }
+            (ChunkState::Size | ChunkState::SizeWs, b';') => self.state = ChunkState::Ext,
+            (ChunkState::Size | ChunkState::SizeWs, _) => return err("invalid chunk size"),
+            (_, b'\r') => self.cr = true,
+            // Extension bytes: visible ASCII, whitespace, obs-text; no control characters.
+            (_, b) if b == b'\t' || (b' '..=b'~').contains(&b) || b >= 0x80 => self.count_ext()?,
+            _ => return err("invalid byte in a chunk extension"),
+        }
+        Ok(())
+    }
+
+    fn count_ext(&mut self) -> Result<(), ParseError> {
+        self.ext += 1;
+        if self.ext > MAX_CHUNK_EXT_BYTES {
+            return err("chunk extensions too long");
         }
         Ok(())
     }
 
     fn trailers(&mut self, buf: &mut BytesMut) -> Result<Decoded, ParseError> {
-        if buf.len() < 2 {
-            return Ok(Decoded::NeedMore);
+        match buf.first() {
+            None => return Ok(Decoded::NeedMore),
+            Some(b'\n') => return err("chunked body not ended by CRLF"),
+            Some(_) if buf.len() < 2 => return Ok(Decoded::NeedMore),
+            Some(_) => {}
         }
         if &buf[..2] == b"\r\n" {
             buf.advance(2);
             self.state = ChunkState::Done;
             return Ok(Decoded::End);
         }
-        let mut slots = [httparse::EMPTY_HEADER; 32];
+        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let (len, fields) = match httparse::parse_headers(buf, &mut slots) {
             Ok(httparse::Status::Complete(done)) => done,
             Ok(httparse::Status::Partial) if buf.len() >= MAX_TRAILER_BYTES => return err("trailers too large"),
@@ -573,8 +628,14 @@ mod tests {
         }
         let mut t = HeaderMap::new();
         t.insert("grpc-status", HeaderValue::from_static("0"));
-        assert_eq!(chunked_end(Some(&t)), b"0\r\ngrpc-status: 0\r\n\r\n");
-        assert_eq!(chunked_end(None), b"0\r\n\r\n");
+        t.insert("x-undeclared", HeaderValue::from_static("1"));
+        t.insert(header::HOST, HeaderValue::from_static("other"));
+        let mut h = HeaderMap::new();
+        h.insert(header::TRAILER, HeaderValue::from_static("grpc-status, host"));
+        let allowed = declared_trailers(&h);
+        assert_eq!(chunked_end(Some(&t), &allowed), b"0\r\ngrpc-status: 0\r\n\r\n", "declared and allowed only");
+        assert_eq!(chunked_end(Some(&t), &[]), b"0\r\n\r\n");
+        assert_eq!(chunked_end(None, &allowed), b"0\r\n\r\n");
     }
 
     #[test]
@@ -594,6 +655,19 @@ mod tests {
         assert!(!h.unwrap().unwrap().keep_alive, "HTTP/1.0 closes unless asked to keep alive");
         let (h, _) = head_of("HTTP/1.0 200 OK\r\nContent-Length: 1\r\nConnection: Keep-Alive\r\n\r\n", false);
         assert!(h.unwrap().unwrap().keep_alive);
+        for both in ["Connection: keep-alive\r\nConnection: close", "Connection: close, keep-alive"] {
+            let (h, _) = head_of(&format!("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n{both}\r\n\r\n"), false);
+            assert!(!h.unwrap().unwrap().keep_alive, "close wins: {both}");
+        }
+        // Both framings: the coding frames the body, the length is not forwarded, no reuse.
+        let (h, _) = head_of("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", false);
+        let h = h.unwrap().unwrap();
+        assert_eq!((h.framing, h.keep_alive, h.headers.contains_key("content-length")), (RespFraming::Chunked, false, false));
+        // Reason phrases: kept only when they are not the canonical one.
+        let (h, _) = head_of("HTTP/1.1 499 Client Closed Request\r\nContent-Length: 0\r\n\r\n", false);
+        assert_eq!(h.unwrap().unwrap().reason.as_deref(), Some(&b"Client Closed Request"[..]));
+        let (h, _) = head_of("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", false);
+        assert_eq!(h.unwrap().unwrap().reason, None);
         let (h, _) = head_of("HTTP/1.1 200 OK\r\n\r\n", false);
         let h = h.unwrap().unwrap();
         assert_eq!((h.framing, h.keep_alive), (RespFraming::Close, false));
@@ -643,9 +717,29 @@ mod tests {
         }
         let (body, trailers) = decode_all(&mut Decoder::new(RespFraming::Chunked), b"3\r\nabc\r\n0\r\n\r\n", 4).unwrap();
         assert_eq!((body.as_slice(), trailers), (&b"abc"[..], None));
-        for bad in [&b"x\r\n"[..], b"3\r\nabcX\r\n", b"\r\n", b"11111111111111111\r\n", b"3\nabc"] {
+        for bad in [
+            &b"x\r\n"[..],
+            b"3\r\nabcX\r\n",
+            b"\r\n",
+            b"11111111111111111\r\n",
+            b"3\nabc",
+            b"5 5\r\nhello\r\n0\r\n\r\n",
+            b"5;a\x00b\r\nhello\r\n0\r\n\r\n",
+            b"0\r\n\n",
+        ] {
             assert!(decode_all(&mut Decoder::new(RespFraming::Chunked), bad, 1).is_err(), "{bad:?}");
         }
+        // Leading zeros are not size digits; whitespace before `;` is allowed.
+        let (body, _) = decode_all(&mut Decoder::new(RespFraming::Chunked), b"00000000000000005 ;x\r\nhello\r\n0\r\n\r\n", 3).unwrap();
+        assert_eq!(body, b"hello");
+        // Extensions are bounded over the whole body, not per chunk.
+        let mut many = Vec::new();
+        for _ in 0..2000 {
+            many.extend_from_slice(b"1;0123456789\r\nx\r\n");
+        }
+        many.extend_from_slice(b"0\r\n\r\n");
+        let e = decode_all(&mut Decoder::new(RespFraming::Chunked), &many, 4096).unwrap_err();
+        assert!(e.0.contains("extensions too long"), "{e}");
     }
 
     #[test]

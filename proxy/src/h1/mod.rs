@@ -9,10 +9,16 @@
 //! upstream socket as the downstream side polls it: a connection is only ever touched by the
 //! one request it carries, or sits idle in its endpoint's pool.
 //!
-//! A request body streams while the response is awaited, and keeps streaming while the
-//! response body is read (an upstream may answer before the upload ends, as an echo server
-//! does). A connection goes back to the pool only when both directions finished cleanly and
-//! the upstream keeps it alive; anything else closes it. HTTP/2 upstreams stay on hyper.
+//! A request body streams while the response is awaited. If the response head comes first
+//! (an echo server, or a 413 before the upload ends), the rest of the upload gets a task of
+//! its own on the socket's write half, as hyper's connection task did, so it never waits on
+//! the downstream reading the response; once the response has ended it lingers at most
+//! [`LINGER`], and once the upstream stops reading it reads and drops the client's body (as
+//! nginx's lingering close), so a client still uploading can read its answer. (A client that
+//! goes on uploading after the downstream connection closes can still meet a reset: hyper's
+//! server has no lingering close of its own.) A connection goes back to the pool only when both directions finished
+//! cleanly and the upstream keeps it alive; anything else closes it. HTTP/2 upstreams stay on
+//! hyper.
 //!
 //! Framing rules (pure) are in [`codec`].
 
@@ -29,6 +35,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker, ready};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::sync::oneshot;
 
 use crate::body::ReqBody;
 use crate::cluster::Endpoint;
@@ -44,6 +52,8 @@ const MAX_READ: usize = 256 * 1024;
 const INLINE_BODY: usize = 16 * 1024;
 /// Largest data frame handed downstream at once.
 const MAX_FRAME: usize = 1 << 20;
+/// How long an upload goes on after its response ended (see the module doc).
+pub const LINGER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One upstream HTTP/1.1 connection, idle (in a pool) or carrying one request. Boxed for the
 /// connection's life: the request's futures and its response body move it around, and a
@@ -52,7 +62,7 @@ const MAX_FRAME: usize = 1 << 20;
 pub struct Conn(Box<Inner>);
 
 struct Inner {
-    io: TcpStream,
+    io: Io,
     rbuf: BytesMut,
     wbuf: Vec<u8>,
     next_read: usize,
@@ -97,7 +107,7 @@ impl std::error::Error for Error {}
 
 impl Conn {
     pub fn new(io: TcpStream, slot: ConnSlot) -> Conn {
-        Conn(Box::new(Inner { io, rbuf: BytesMut::new(), wbuf: Vec::new(), next_read: FIRST_READ, _slot: slot }))
+        Conn(Box::new(Inner { io: Io::Whole(io), rbuf: BytesMut::new(), wbuf: Vec::new(), next_read: FIRST_READ, _slot: slot }))
     }
 
     /// Whether an idle connection can carry a request: the upstream has neither closed it nor
@@ -105,16 +115,17 @@ impl Conn {
     /// idle connection only does when the upstream closed it (or misbehaves).
     pub fn is_usable(&self) -> bool {
         let c = &self.0;
+        let Io::Whole(io) = &c.io else { return false };
         if !c.rbuf.is_empty() {
             return false;
         }
         let mut cx = Context::from_waker(Waker::noop());
-        match c.io.poll_read_ready(&mut cx) {
+        match io.poll_read_ready(&mut cx) {
             Poll::Pending => true,
             Poll::Ready(Err(_)) => false,
             Poll::Ready(Ok(())) => {
                 let mut probe = [0u8; 1];
-                matches!(c.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+                matches!(io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
         }
     }
@@ -137,7 +148,8 @@ impl Conn {
             _ => false,
         };
         let mut written = 0;
-        if let Err(e) = poll_fn(|cx| poll_write_all(&mut c.io, cx, &c.wbuf, &mut written)).await {
+        let Io::Whole(io) = &mut c.io else { return Err(SendError::Failed("connection already split".into())) };
+        if let Err(e) = poll_fn(|cx| poll_write_all(io, cx, &c.wbuf, &mut written)).await {
             return Err(match written {
                 0 => SendError::Unsent(body, format!("connection closed: {e}")),
                 _ => SendError::Failed(format!("error writing the request: {e}")),
@@ -146,13 +158,13 @@ impl Conn {
         let mut upload = match framing {
             ReqFraming::Empty => None,
             _ if inline => None,
-            f => Some(Box::new(Upload::new(body, f))),
+            f => Some(Box::new(Upload::new(body, f, codec::declared_trailers(head.headers)))),
         };
         let head_request = method == Method::HEAD;
         let mut write_error = None;
         let head = poll_fn(|cx| {
-            if let Some(up) = upload.as_mut() {
-                match up.poll(cx, &mut c.io) {
+            if let (Some(up), Io::Whole(io)) = (upload.as_mut(), &mut c.io) {
+                match up.poll(cx, io) {
                     Poll::Ready(Ok(())) => upload = None,
                     // The client's own body failed: nothing valid can reach the upstream.
                     Poll::Ready(Err(UploadError::Body(e))) => return Poll::Ready(Err(e)),
@@ -168,18 +180,23 @@ impl Conn {
         })
         .await
         .map_err(SendError::Failed)?;
-        // An upload cut short leaves the connection unusable for another request.
-        let reusable = head.keep_alive && write_error.is_none();
+        // An upload cut short, or still going, leaves the connection unusable for another
+        // request; one still going carries on in its own task.
+        let reusable = head.keep_alive && write_error.is_none() && upload.is_none();
+        let upload_done = upload.map(|up| c.io.hand_off(up));
         let mut resp = Response::new(Body {
             decoder: Decoder::new(head.framing),
             conn: Some(Conn(c)),
-            upload,
+            upload_done,
             reusable,
             home: Some(home),
         });
         *resp.status_mut() = head.status;
         *resp.version_mut() = head.version;
         *resp.headers_mut() = head.headers;
+        if let Some(r) = head.reason.and_then(|r| hyper::ext::ReasonPhrase::try_from(r).ok()) {
+            resp.extensions_mut().insert(r);
+        }
         let body = resp.body_mut();
         if body.decoder.is_done() {
             body.finish();
@@ -223,6 +240,56 @@ impl Inner {
     }
 }
 
+/// The connection's socket: whole, or only its read half once the rest of an upload went to a
+/// task of its own.
+enum Io {
+    Whole(TcpStream),
+    Read(OwnedReadHalf),
+    /// Only while being split.
+    Gone,
+}
+
+impl Io {
+    /// Move the rest of `up` to its own task on the write half; the returned sender, dropped
+    /// when the response ends, starts the upload's [`LINGER`].
+    fn hand_off(&mut self, mut up: Box<Upload>) -> oneshot::Sender<()> {
+        let (done, ended) = oneshot::channel::<()>();
+        if let Io::Whole(s) = std::mem::replace(self, Io::Gone) {
+            let (r, mut w) = s.into_split();
+            *self = Io::Read(r);
+            tokio::spawn(async move {
+                // An upstream that stopped reading (it answered and closed) gets no more; the
+                // client's body is then read and dropped, so that it can finish sending and
+                // read its answer instead of meeting a reset.
+                let upload = poll_fn(|cx| loop {
+                    match ready!(up.poll(cx, &mut w)) {
+                        Err(UploadError::Write(_)) => up.discard(),
+                        _ => return Poll::Ready(()),
+                    }
+                });
+                tokio::pin!(upload);
+                tokio::select! {
+                    _ = &mut upload => return,
+                    _ = ended => {}
+                }
+                let _ = tokio::time::timeout(LINGER, upload).await;
+                // Dropping the write half sends FIN: an upstream still reading sees the end.
+            });
+        }
+        done
+    }
+}
+
+impl tokio::io::AsyncRead for Io {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Whole(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Read(r) => Pin::new(r).poll_read(cx, buf),
+            Io::Gone => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+        }
+    }
+}
+
 /// Write `buf` from `done` on, counting in `done` what was written.
 fn poll_write_all(io: &mut TcpStream, cx: &mut Context<'_>, buf: &[u8], done: &mut usize) -> Poll<io::Result<()>> {
     while *done < buf.len() {
@@ -245,19 +312,23 @@ enum UploadError {
 struct Upload {
     body: ReqBody,
     framing: ReqFraming,
+    /// Trailer fields the request declared (`Trailer`); only these are sent.
+    trailers: Vec<HeaderName>,
     /// Bytes encoded and not yet written.
     out: VecDeque<Bytes>,
+    /// The upstream stopped reading: the body is read to its end and dropped.
+    discard: bool,
     /// The body has ended; what is left is in `out`.
     ended: bool,
 }
 
 impl Upload {
-    fn new(body: ReqBody, framing: ReqFraming) -> Upload {
-        Upload { body, framing, out: VecDeque::new(), ended: false }
+    fn new(body: ReqBody, framing: ReqFraming, trailers: Vec<HeaderName>) -> Upload {
+        Upload { body, framing, trailers, out: VecDeque::new(), discard: false, ended: false }
     }
 
     /// Move the body along until it is all written (`Ready(Ok)`), fails, or waits.
-    fn poll(&mut self, cx: &mut Context<'_>, io: &mut TcpStream) -> Poll<Result<(), UploadError>> {
+    fn poll<W: AsyncWrite + Unpin>(&mut self, cx: &mut Context<'_>, io: &mut W) -> Poll<Result<(), UploadError>> {
         loop {
             if !self.out.is_empty() {
                 ready!(self.poll_flush(cx, io)).map_err(|e| UploadError::Write(e.to_string()))?;
@@ -267,10 +338,11 @@ impl Upload {
                 return Poll::Ready(Ok(()));
             }
             match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                None if self.discard => return Poll::Ready(Ok(())),
                 None => {
                     self.ended = true;
                     match self.framing {
-                        ReqFraming::Chunked => self.out.push_back(Bytes::from(codec::chunked_end(None))),
+                        ReqFraming::Chunked => self.out.push_back(Bytes::from(codec::chunked_end(None, &[]))),
                         ReqFraming::Length(0) | ReqFraming::Empty => {}
                         ReqFraming::Length(n) => {
                             return Poll::Ready(Err(UploadError::Body(format!("request body ended {n} bytes short of its content-length"))));
@@ -283,8 +355,8 @@ impl Upload {
                     Err(frame) => {
                         // Trailers end the body; only the chunked coding can carry them.
                         self.ended = true;
-                        if self.framing == ReqFraming::Chunked {
-                            self.out.push_back(Bytes::from(codec::chunked_end(frame.trailers_ref())));
+                        if self.framing == ReqFraming::Chunked && !self.discard {
+                            self.out.push_back(Bytes::from(codec::chunked_end(frame.trailers_ref(), &self.trailers)));
                         }
                     }
                 },
@@ -292,8 +364,13 @@ impl Upload {
         }
     }
 
+    fn discard(&mut self) {
+        self.discard = true;
+        self.out.clear();
+    }
+
     fn encode(&mut self, data: Bytes) -> Result<(), UploadError> {
-        if data.is_empty() {
+        if data.is_empty() || self.discard {
             return Ok(());
         }
         match &mut self.framing {
@@ -319,7 +396,7 @@ impl Upload {
         Ok(())
     }
 
-    fn poll_flush(&mut self, cx: &mut Context<'_>, io: &mut TcpStream) -> Poll<io::Result<()>> {
+    fn poll_flush<W: AsyncWrite + Unpin>(&mut self, cx: &mut Context<'_>, io: &mut W) -> Poll<io::Result<()>> {
         while !self.out.is_empty() {
             let mut slices = [IoSlice::new(&[]); 8];
             let k = slices.iter_mut().zip(&self.out).map(|(s, b)| *s = IoSlice::new(b)).count();
@@ -342,14 +419,16 @@ impl Upload {
     }
 }
 
-/// A response body read from its upstream connection. It also finishes the request's upload
-/// if the response came first.
+/// A response body read from its upstream connection.
 pub struct Body {
     /// Taken when the body ends: back to the pool, or closed.
     conn: Option<Conn>,
     decoder: Decoder,
-    upload: Option<Box<Upload>>,
-    /// The upstream keeps the connection alive and the upload did not fail.
+    /// An upload still going in its own task: dropped when the body ends, which starts its
+    /// linger.
+    upload_done: Option<oneshot::Sender<()>>,
+    /// The upstream keeps the connection alive, and the whole request went out before the
+    /// response came.
     reusable: bool,
     home: Option<Home>,
 }
@@ -358,8 +437,9 @@ impl Body {
     /// The body is complete: the connection goes back to its pool if both directions ended
     /// cleanly and nothing unasked follows, else it closes.
     fn finish(&mut self) {
+        self.upload_done = None;
         let (Some(conn), Some(home)) = (self.conn.take(), self.home.take()) else { return };
-        if self.reusable && self.upload.is_none() && self.decoder.is_done() && conn.0.rbuf.is_empty() {
+        if self.reusable && self.decoder.is_done() && conn.0.rbuf.is_empty() {
             home.endpoint.pool().checkin(conn, home.max_idle);
         }
     }
@@ -377,17 +457,6 @@ impl http_body::Body for Body {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = self.get_mut();
         let Some(Conn(conn)) = this.conn.as_mut() else { return Poll::Ready(None) };
-        if let Some(up) = this.upload.as_mut() {
-            match up.poll(cx, &mut conn.io) {
-                Poll::Ready(Ok(())) => this.upload = None,
-                Poll::Ready(Err(_)) => {
-                    // The response goes on; the connection will not carry another request.
-                    this.upload = None;
-                    this.reusable = false;
-                }
-                Poll::Pending => {}
-            }
-        }
         loop {
             let decoded = match this.decoder.decode(&mut conn.rbuf, MAX_FRAME) {
                 Ok(d) => d,
