@@ -120,8 +120,10 @@ impl Trainer {
         };
         let mut s = self.state.lock().unwrap();
         s.set_draining(true);
-        let after = s.last_checkpoint();
-        let checkpoint = after.filter(|a| before.is_none_or(|b| *a != b));
+        // Reported during the hook: a new report, even at the step of the one before it (a
+        // drain right after a periodic checkpoint checkpoints the same step again).
+        let (reports, step) = s.last_checkpoint();
+        let checkpoint = step.filter(|_| reports != before.0);
         tracing::info!(job = %s.job, worker = %s.worker, hook = %outcome, ?checkpoint, "training drain: ready to stop");
         serde_json::json!({"hook": outcome, "checkpoint_step": checkpoint, "ready_to_stop": true})
     }

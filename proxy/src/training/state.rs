@@ -32,6 +32,9 @@ pub struct State {
     /// Long polls the trainer has open: it is alive while it waits on one.
     polls: u32,
     checkpoints: VecDeque<v1::CheckpointReport>,
+    /// Checkpoint reports accepted so far: a checkpoint taken again at the step of the last
+    /// one (a drain right after a periodic checkpoint) is still a new report.
+    reports: u64,
     draining: bool,
     ready_to_stop: bool,
 }
@@ -81,6 +84,7 @@ impl State {
             last_call: None,
             polls: 0,
             checkpoints: VecDeque::new(),
+            reports: 0,
             draining: false,
             ready_to_stop: false,
         }
@@ -158,12 +162,14 @@ impl State {
         while self.checkpoints.len() > KEPT_CHECKPOINTS {
             self.checkpoints.pop_front();
         }
+        self.reports += 1;
         Ok(())
     }
 
-    /// The newest checkpoint step reported (any map).
-    pub fn last_checkpoint(&self) -> Option<u64> {
-        self.checkpoints.back().map(|c| c.step)
+    /// The newest checkpoint step reported (any map), with the number of reports so far (so
+    /// a caller can tell a new report from the same one).
+    pub fn last_checkpoint(&self) -> (u64, Option<u64>) {
+        (self.reports, self.checkpoints.back().map(|c| c.step))
     }
 
     pub fn set_draining(&mut self, ready: bool) {
@@ -334,6 +340,11 @@ mod tests {
         assert_eq!(s.report(t0 + Duration::from_secs(20)).trainer_idle_ms, 0, "waiting on a long poll is alive");
         s.polling(false, t0 + Duration::from_secs(20));
         assert_eq!(s.report(t0 + Duration::from_secs(21)).trainer_idle_ms, 1000);
-        assert_eq!(s.last_checkpoint(), Some(200));
+        assert_eq!(s.last_checkpoint().1, Some(200));
+        // The same step checkpointed again (a drain right after a periodic checkpoint) is a
+        // new report: a drain waiting on its hook must see it.
+        let (reports, _) = s.last_checkpoint();
+        s.checkpoint(Checkpoint { version: 4, step: 200, location: "/ck/200-again".into(), r#final: false }).unwrap();
+        assert_eq!(s.last_checkpoint(), (reports + 1, Some(200)));
     }
 }
