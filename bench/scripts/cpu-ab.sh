@@ -6,7 +6,7 @@
 #   bench/scripts/cpu-ab.sh [-r ROUNDS] [-n REQUESTS] NAME=BINARY [NAME=BINARY...]
 #
 # BINARY is a weft-proxy binary, the hyper floor (target/release/examples/min-proxy), or the
-# word `nginx` for the proxy-load bench's nginx as a yardstick. Needs h2load (nghttp2-client), taskset, and target/release/proxy-load built.
+# word `nginx` or `haproxy` for the proxy-load bench's nginx or HAProxy as a yardstick. Needs h2load (nghttp2-client), taskset, and target/release/proxy-load built.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=3 requests=100000
@@ -36,6 +36,9 @@ for round in $(seq "$rounds"); do
     elif [ "$bin" = nginx ]; then
       render bench/peers/nginx.conf > "$tmp/nginx.conf"
       taskset -c 0 nginx -c "$tmp/nginx.conf" -p "$tmp" 2>/dev/null & p=$!
+    elif [ "$bin" = haproxy ]; then
+      render bench/peers/haproxy.cfg > "$tmp/haproxy.cfg"
+      taskset -c 0 haproxy -f "$tmp/haproxy.cfg" -db 2>/dev/null & p=$!
     else
       render bench/peers/weft.yaml > "$tmp/weft.yaml"
       taskset -c 0 "$bin" --config "$tmp/weft.yaml" 2>/dev/null & p=$!

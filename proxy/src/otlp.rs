@@ -482,7 +482,26 @@ fn outcome_attrs(attrs: &mut Attrs, o: Outcome) -> Option<String> {
 }
 
 /// The trace of one sampled request: the server span, and the tries' spans as they end.
-pub struct ReqSpan {
+/// Boxed: requests that are not sampled (most) carry an `Option<ReqSpan>` through every
+/// future of the request path, and a 456-byte inline span made each of those futures (and
+/// their moves) that much larger.
+pub struct ReqSpan(Box<SpanState>);
+
+impl std::ops::Deref for ReqSpan {
+    type Target = SpanState;
+    fn deref(&self) -> &SpanState {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ReqSpan {
+    fn deref_mut(&mut self) -> &mut SpanState {
+        &mut self.0
+    }
+}
+
+/// What a [`ReqSpan`] records.
+pub struct SpanState {
     ex: Arc<Exporter>,
     trace_id: [u8; 16],
     parent: [u8; 8],
@@ -527,7 +546,7 @@ pub(crate) fn start<B>(t: &Telemetry, req: &Request<B>, tp: &mut [u8; 55], start
     let authority = req.uri().authority().map(|a| a.as_str().to_string()).or_else(|| {
         req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string)
     });
-    Some(ReqSpan {
+    Some(ReqSpan(Box::new(SpanState {
         trace_id,
         parent,
         span_id: new_span_id(),
@@ -545,7 +564,7 @@ pub(crate) fn start<B>(t: &Telemetry, req: &Request<B>, tp: &mut [u8; 55], start
         status: 0,
         stream: (None, None),
         ex,
-    })
+    })))
 }
 
 /// One upstream try, from before its connection to its end.

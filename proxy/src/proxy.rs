@@ -34,8 +34,9 @@ static X_WEFT_VARIANT: HeaderName = HeaderName::from_static("x-weft-variant");
 static X_WEFT_SHADOW: HeaderName = HeaderName::from_static("x-weft-shadow");
 static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
-/// Handle one downstream request on listener `li`. Never fails: errors become local responses.
-pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<Incoming>) -> Response<RespBody> {
+/// Handle one downstream request on listener `li`. Never fails: errors become local responses
+/// (the `Result` is the shape hyper's service wants).
+pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<Incoming>) -> Result<Response<RespBody>, std::convert::Infallible> {
     let start = Instant::now();
     let snap = sh.snapshot.load_full();
     let version = req.version();
@@ -55,7 +56,7 @@ pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<Incoming>) -> Respo
         }
     };
     *resp.version_mut() = version;
-    resp
+    Ok(resp)
 }
 
 async fn serve(
@@ -749,7 +750,8 @@ fn finish_on_end(
 ) -> crate::body::OnEnd {
     let sh = sh.clone();
     let cluster = cluster.clone();
-    let log = sh.telemetry.access_log_enabled().then(|| (parts.method.clone(), parts.uri.clone(), trace_id.to_string()));
+    // Boxed: the access log is off by default, and the closure is moved into its box whole.
+    let log = sh.telemetry.access_log_enabled().then(|| Box::new((parts.method.clone(), parts.uri.clone(), trace_id.to_string())));
     Box::new(move |end: End, stream: crate::usage::StreamInfo| {
         release(&cluster, ep);
         let elapsed = start.elapsed();
@@ -758,7 +760,8 @@ fn finish_on_end(
         if let Some(s) = span {
             s.ended(&labels, end, ttfb, stream.tokens);
         }
-        if let Some((method, uri, trace)) = log {
+        if let Some(log) = log {
+            let (method, uri, trace) = *log;
             sh.telemetry.access_log(|| serde_json::json!({
                 "time_ms": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
                 "method": method.as_str(), "path": uri.to_string(), "service": &*labels.service,

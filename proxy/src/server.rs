@@ -231,10 +231,9 @@ fn serve_conn(sh: &Arc<Shared>, drain: &Drain, li: usize, stream: tokio::net::Tc
         (l.max_header_bytes, l.header_read_timeout.non_zero())
     };
     let sh2 = sh.clone();
-    let svc = service_fn(move |req| {
-        let sh = sh2.clone();
-        async move { Ok::<_, std::convert::Infallible>(crate::proxy::handle(sh, li, req).await) }
-    });
+    // `handle`'s own future, not one wrapped in an async block: hyper moves it into the
+    // connection's slot once per request, and every layer adds the request's size to it.
+    let svc = service_fn(move |req| crate::proxy::handle(sh2.clone(), li, req));
     let mut b = auto::Builder::new(TokioExecutor::new());
     let mut h1 = b.http1();
     h1.max_buf_size(max_header.max(8192)).keep_alive(true);
