@@ -185,7 +185,7 @@ async fn serve(
         rparts.headers.insert(X_WEFT_VARIANT.clone(), v.header.clone());
     }
     sent.held.hand_over();
-    let on_end = finish_on_end(sh, cluster, sent.ep, slot, labels.clone(), start, sent.attempts - 1, &req_parts, telemetry::trace_id(&trace), ending);
+    let on_end = finish_on_end(sh, cluster, sent.ep, slot, labels.clone(), start, sent.attempts - 1, &req_parts, ending);
     let scan = crate::usage::scanned(rparts.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()));
     Ok(Response::from_parts(rparts, RespBody::upstream(incoming, route.idle_timeout, scan, on_end)))
 }
@@ -745,13 +745,12 @@ fn finish_on_end(
     start: Instant,
     retries: u32,
     parts: &ReqParts,
-    trace_id: &str,
     span: Option<otlp::ReqSpan>,
 ) -> crate::body::OnEnd {
     let sh = sh.clone();
     let cluster = cluster.clone();
     // Boxed: the access log is off by default, and the closure is moved into its box whole.
-    let log = sh.telemetry.access_log_enabled().then(|| Box::new((parts.method.clone(), parts.uri.clone(), trace_id.to_string())));
+    let log = sh.telemetry.access_log_enabled().then(|| Box::new((parts.method.clone(), parts.uri.clone(), telemetry::trace_id(&parts.traceparent).to_string())));
     Box::new(move |end: End, stream: crate::usage::StreamInfo| {
         release(&cluster, ep);
         let elapsed = start.elapsed();
@@ -805,9 +804,21 @@ impl Drop for Counted<'_> {
 /// and the upstream URI both rely on it: a Host holding `/`, `?`, `#` or `@` would otherwise
 /// let a client choose the path an HTTP/2 upstream sees.
 fn valid_host(h: &str) -> bool {
-    let (name, port) = h.split_once(':').unwrap_or((h, "0"));
-    let name_ok = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
-    if name_ok && !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()) {
+    // One pass: name bytes up to an optional single colon, then 1-5 port digits.
+    let b = h.as_bytes();
+    let mut colon = None;
+    let plain = b.iter().enumerate().all(|(i, &c)| match c {
+        b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => colon.is_none() || c.is_ascii_digit(),
+        b':' if colon.is_none() => {
+            colon = Some(i);
+            true
+        }
+        _ => false,
+    });
+    if plain && match colon {
+        None => !b.is_empty(),
+        Some(i) => i > 0 && (2..=6).contains(&(b.len() - i)) && h[i + 1..].parse::<u16>().is_ok(),
+    } {
         return true;
     }
     // `http` takes any digits after the colon; a port must also fit in 16 bits.
@@ -832,20 +843,18 @@ fn header_str<'a>(h: &'a HeaderMap, name: Option<&HeaderName>) -> Option<&'a str
 }
 
 /// Headers that describe one hop, not the message; never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 5] =
-    [header::CONNECTION, header::TRANSFER_ENCODING, header::UPGRADE, header::PROXY_AUTHENTICATE, header::TE];
-
 fn is_hop_by_hop(n: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(n) || n == "keep-alive" || n == "proxy-connection"
+    // Names are lowercase: a plain match (length first) instead of case-folding comparisons.
+    matches!(n.as_str(), "connection" | "transfer-encoding" | "upgrade" | "proxy-authenticate" | "te" | "keep-alive" | "proxy-connection")
 }
 
 /// Remove hop-by-hop headers. Most messages carry none or only `connection`, so one pass over
 /// the names (cheap comparisons) finds what is present, and only that is removed (hashing).
 fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let present: Vec<HeaderName> = h.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
-    if present.is_empty() {
+    if !h.keys().any(is_hop_by_hop) {
         return;
     }
+    let present: Vec<HeaderName> = h.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
     let listed: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -928,7 +937,7 @@ mod tests {
         for ok in ["svc", "svc.ns.svc.cluster.local", "svc:8080", "10.0.0.1:80", "[::1]", "[fe80::1]:443", "a_b"] {
             assert!(valid_host(ok), "{ok:?}");
         }
-        for bad in ["", ":80", "svc/x", "svc?", "svc#", "u@svc", "a b", "svc:8080:1", "svc:123456", "[::1", "svc\\x"] {
+        for bad in ["", ":80", "svc/x", "svc?", "svc#", "u@svc", "a b", "svc:8080:1", "svc:123456", "svc:99999", "svc:", "svc:8o", "a:b:c", "[::1", "svc\\x"] {
             assert!(!valid_host(bad), "{bad:?}");
         }
     }
