@@ -804,11 +804,12 @@ impl Drop for Counted<'_> {
 /// and the upstream URI both rely on it: a Host holding `/`, `?`, `#` or `@` would otherwise
 /// let a client choose the path an HTTP/2 upstream sees.
 fn valid_host(h: &str) -> bool {
-    // One pass: name bytes up to an optional single colon, then 1-5 port digits.
+    // One pass over the name's bytes and an optional single colon; the port (at most 5
+    // characters) must then read as a u16.
     let b = h.as_bytes();
     let mut colon = None;
     let plain = b.iter().enumerate().all(|(i, &c)| match c {
-        b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => colon.is_none() || c.is_ascii_digit(),
+        b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => true,
         b':' if colon.is_none() => {
             colon = Some(i);
             true
@@ -817,7 +818,7 @@ fn valid_host(h: &str) -> bool {
     });
     if plain && match colon {
         None => !b.is_empty(),
-        Some(i) => i > 0 && (2..=6).contains(&(b.len() - i)) && h[i + 1..].parse::<u16>().is_ok(),
+        Some(i) => i > 0 && b.len() - i <= 6 && h[i + 1..].parse::<u16>().is_ok(),
     } {
         return true;
     }
@@ -848,8 +849,8 @@ fn is_hop_by_hop(n: &HeaderName) -> bool {
     matches!(n.as_str(), "connection" | "transfer-encoding" | "upgrade" | "proxy-authenticate" | "te" | "keep-alive" | "proxy-connection")
 }
 
-/// Remove hop-by-hop headers. Most messages carry none or only `connection`, so one pass over
-/// the names (cheap comparisons) finds what is present, and only that is removed (hashing).
+/// Remove hop-by-hop headers. Most messages carry none, so one pass over the names (cheap
+/// comparisons) ends there; otherwise only what is present is removed (hashing).
 fn strip_hop_by_hop(h: &mut HeaderMap) {
     if !h.keys().any(is_hop_by_hop) {
         return;
