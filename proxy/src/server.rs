@@ -236,7 +236,10 @@ fn serve_conn(sh: &Arc<Shared>, drain: &Drain, li: usize, stream: tokio::net::Tc
     let svc = service_fn(move |req| crate::proxy::handle(sh2.clone(), li, req));
     let mut b = auto::Builder::new(TokioExecutor::new());
     let mut h1 = b.http1();
-    h1.max_buf_size(max_header.max(8192)).keep_alive(true);
+    // Responses go out flattened into one buffer and one write(2), not a writev(2) of head
+    // and body: hyper copies the body (usually small) in user space, and the kernel's send
+    // path costs less for one buffer; measured −7 % CPU per request (bench/README, stop 25).
+    h1.max_buf_size(max_header.max(8192)).keep_alive(true).writev(false);
     // Without a timer hyper arms no per-request header timeout.
     if let Some(t) = header_timeout {
         h1.timer(TokioTimer::new()).header_read_timeout(t);
