@@ -328,6 +328,11 @@ where
             self.write_buf.headers.advance(n);
             if self.write_buf.headers.remaining() == 0 {
                 self.write_buf.headers.reset();
+                // weft patch: a flattened large body grew the buffer (up to max_buf_size plus
+                // one chunk); give that back rather than keep it for the connection's life.
+                if self.write_buf.headers.bytes.capacity() > 2 * INIT_BUFFER_SIZE {
+                    self.write_buf.headers.bytes.shrink_to(INIT_BUFFER_SIZE);
+                }
                 break;
             } else if n == 0 {
                 trace!(
