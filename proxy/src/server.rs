@@ -238,7 +238,7 @@ fn serve_conn(sh: &Arc<Shared>, drain: &Drain, li: usize, stream: tokio::net::Tc
     let mut h1 = b.http1();
     // Responses go out flattened into one buffer and one write(2), not a writev(2) of head
     // and body: hyper copies the body (usually small) in user space, and the kernel's send
-    // path costs less for one buffer; measured −7 % CPU per request (bench/README, stop 25).
+    // path costs less for one buffer: −6 to −12 % CPU per request (bench/README, stop 25).
     h1.max_buf_size(max_header.max(8192)).keep_alive(true).writev(false);
     // Without a timer hyper arms no per-request header timeout.
     if let Some(t) = header_timeout {
