@@ -3,16 +3,18 @@
 # interleaved in rounds so drift on a noisy VM hits every build alike. The proxy runs pinned
 # to core 0; the bench upstream and h2load share core 1 (as in proxy-load).
 #
-#   bench/scripts/cpu-ab.sh [-r ROUNDS] [-n REQUESTS] NAME=BINARY [NAME=BINARY...]
+#   bench/scripts/cpu-ab.sh [-r ROUNDS] [-n REQUESTS] [-c CONNECTIONS] NAME=BINARY [NAME=BINARY...]
+#
+# CONNECTIONS (default 10) is h2load's -c; proxy-load's closed loop uses 50.
 #
 # BINARY is a weft-proxy binary, the hyper floor (target/release/examples/min-proxy), or the
 # word `nginx` or `haproxy` for the proxy-load bench's nginx or HAProxy as a yardstick. Needs h2load (nghttp2-client), taskset, and target/release/proxy-load built.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-rounds=3 requests=100000
-while getopts "r:n:" o; do case $o in r) rounds=$OPTARG ;; n) requests=$OPTARG ;; *) exit 2 ;; esac; done
+rounds=3 requests=100000 conns=10
+while getopts "r:n:c:" o; do case $o in r) rounds=$OPTARG ;; n) requests=$OPTARG ;; c) conns=$OPTARG ;; *) exit 2 ;; esac; done
 shift $((OPTIND - 1))
-[ $# -gt 0 ] || { echo "usage: $0 [-r ROUNDS] [-n REQUESTS] NAME=BINARY..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 [-r ROUNDS] [-n REQUESTS] [-c CONNECTIONS] NAME=BINARY..." >&2; exit 2; }
 tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
@@ -47,10 +49,10 @@ for round in $(seq "$rounds"); do
     for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
     worker=$p
     [ "$bin" = nginx ] && worker=$(pgrep -P "$p" | head -1)
-    taskset -c 1 h2load --h1 -n 5000 -c 10 "http://$listen/" > /dev/null
+    taskset -c 1 h2load --h1 -n 5000 -c "$conns" "http://$listen/" > /dev/null
     read -r u0 s0 < <(cpu "$worker")
     t0=$(date +%s.%N)
-    ok=$(taskset -c 1 h2load --h1 -n "$requests" -c 10 "http://$listen/" | awk '/^status codes:/ {print $3}')
+    ok=$(taskset -c 1 h2load --h1 -n "$requests" -c "$conns" "http://$listen/" | awk '/^status codes:/ {print $3}')
     t1=$(date +%s.%N)
     read -r u1 s1 < <(cpu "$worker")
     kill "$p"; wait "$p" 2>/dev/null || true

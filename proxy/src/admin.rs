@@ -6,6 +6,9 @@
 //! POST /drain (stop accepting, finish in-flight; a training sidecar calls the trainer's
 //! checkpoint hook first and answers when it is done), /training/* (a training sidecar's
 //! trainer API, `training::api`).
+//!
+//! `admin.metrics_address`, when set, is a second listener with only GET /metrics, /ready and
+//! /live, so a scraper off the host never needs the admin API opened to the network.
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -23,6 +26,7 @@ use crate::Shared;
 pub fn run_control(
     sh: Arc<Shared>,
     admin: std::net::TcpListener,
+    metrics: Option<std::net::TcpListener>,
     opts: Options,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -39,23 +43,76 @@ pub fn run_control(
                 upkeep.telemetry.upkeep();
             }
         });
-        loop {
-            tokio::select! {
-                acc = listener.accept() => {
-                    let Ok((stream, _)) = acc else { continue };
-                    let sh = sh.clone();
-                    tokio::spawn(async move {
-                        let svc = service_fn(move |req| {
-                            let sh = sh.clone();
-                            async move { Ok::<_, std::convert::Infallible>(route_async(&sh, req).await) }
-                        });
-                        let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
-                    });
-                }
-                _ = stop.wait_for(|s| *s) => break,
-            }
+        if let Some(m) = metrics {
+            let m = tokio::net::TcpListener::from_std(m).expect("metrics listener registers");
+            tokio::spawn(serve(sh.clone(), m, Api::ReadOnly));
+        }
+        tokio::select! {
+            _ = serve(sh, listener, Api::Admin) => {}
+            _ = stop.wait_for(|s| *s) => {}
         }
     });
+}
+
+/// Which API a listener serves.
+#[derive(Clone, Copy)]
+enum Api {
+    /// Everything: `admin.address`.
+    Admin,
+    /// GET /metrics, /ready, /live only: `admin.metrics_address`, which may face the network.
+    ReadOnly,
+}
+
+async fn serve(sh: Arc<Shared>, listener: tokio::net::TcpListener, api: Api) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let sh = sh.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let sh = sh.clone();
+                async move {
+                    Ok::<_, std::convert::Infallible>(match api {
+                        Api::Admin => route_async(&sh, req).await,
+                        Api::ReadOnly => route_read_only(&sh, &req),
+                    })
+                }
+            });
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+        });
+    }
+}
+
+/// The read-only listener: probes and the scrape, nothing that changes or reveals config.
+fn route_read_only(sh: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/live" | "/ready" | "/metrics") => probe_or_scrape(sh, req.uri().path()),
+        (_, "/live" | "/ready" | "/metrics") => not_allowed(req),
+        (_, path) => json(
+            StatusCode::NOT_FOUND,
+            serde_json::json!({"error": "not_found", "message": format!("no endpoint {path:?} on the read-only metrics listener (admin.metrics_address): it serves GET /metrics /ready /live; the admin API is on admin.address")}),
+        ),
+    }
+}
+
+/// GET /live, /ready (503 while draining) and /metrics, served by both listeners.
+fn probe_or_scrape(sh: &Shared, path: &str) -> Response<Full<Bytes>> {
+    match path {
+        "/ready" if *sh.draining.borrow() => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        "/ready" => text(StatusCode::OK, "ready\n"),
+        "/metrics" => {
+            let mut r = text(StatusCode::OK, sh.telemetry.render());
+            r.headers_mut().insert(header::CONTENT_TYPE, "text/plain; version=0.0.4".parse().unwrap());
+            r
+        }
+        _ => text(StatusCode::OK, "live\n"),
+    }
+}
+
+fn not_allowed<B>(req: &Request<B>) -> Response<Full<Bytes>> {
+    json(
+        StatusCode::METHOD_NOT_ALLOWED,
+        serde_json::json!({"error": "method_not_allowed", "message": format!("{} is not allowed on {}", req.method(), req.uri().path())}),
+    )
 }
 
 /// The routes that wait (a training sidecar's long polls and its drain, which calls the
@@ -76,16 +133,8 @@ async fn route_async(sh: &Shared, req: Request<Incoming>) -> Response<Full<Bytes
 }
 
 fn route(sh: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    let draining = *sh.draining.borrow();
     match (req.method(), req.uri().path()) {
-        (&Method::GET, "/live") => text(StatusCode::OK, "live\n"),
-        (&Method::GET, "/ready") if draining => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
-        (&Method::GET, "/ready") => text(StatusCode::OK, "ready\n"),
-        (&Method::GET, "/metrics") => {
-            let mut r = text(StatusCode::OK, sh.telemetry.render());
-            r.headers_mut().insert(header::CONTENT_TYPE, "text/plain; version=0.0.4".parse().unwrap());
-            r
-        }
+        (&Method::GET, "/live" | "/ready" | "/metrics") => probe_or_scrape(sh, req.uri().path()),
         (&Method::GET, "/config_dump") => json(StatusCode::OK, sh.snapshot.load().dump()),
         (&Method::GET, "/clusters") => {
             let snap = sh.snapshot.load();
@@ -99,10 +148,7 @@ fn route(sh: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
             tracing::info!("draining: listeners closed, finishing in-flight requests");
             json(StatusCode::OK, serde_json::json!({"draining": true}))
         }
-        (_, "/live" | "/ready" | "/metrics" | "/config_dump" | "/clusters" | "/drain") => json(
-            StatusCode::METHOD_NOT_ALLOWED,
-            serde_json::json!({"error": "method_not_allowed", "message": format!("{} is not allowed on {}", req.method(), req.uri().path())}),
-        ),
+        (_, "/live" | "/ready" | "/metrics" | "/config_dump" | "/clusters" | "/drain") => not_allowed(&req),
         (_, path) => json(
             StatusCode::NOT_FOUND,
             serde_json::json!({"error": "not_found", "message": format!("no admin endpoint {path:?}; try /ready /live /metrics /config_dump /clusters /drain")}),

@@ -40,11 +40,15 @@ pub struct Node {
 pub struct Admin {
     /// Loopback by default: the admin API can drain the proxy and dump its config.
     pub address: String,
+    /// A second, read-only listener serving only `GET /metrics`, `/ready` and `/live`, for a
+    /// scraper or probes outside the pod while the admin API stays on loopback (as Istio's
+    /// 15090/15021 beside Envoy's loopback admin). Default: none.
+    pub metrics_address: Option<String>,
 }
 
 impl Default for Admin {
     fn default() -> Self {
-        Admin { address: "127.0.0.1:9901".into() }
+        Admin { address: "127.0.0.1:9901".into(), metrics_address: None }
     }
 }
 

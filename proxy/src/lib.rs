@@ -70,7 +70,7 @@ pub struct Shared {
     reload_lock: Mutex<()>,
     /// Listener and admin addresses as first configured (maybe `:0`), so a reloaded file that
     /// still says `:0` is accepted as "unchanged".
-    configured: (Vec<String>, String),
+    configured: (Vec<String>, config::Admin),
 }
 
 impl Shared {
@@ -78,7 +78,7 @@ impl Shared {
         snapshot: Snapshot,
         telemetry: Telemetry,
         workers: usize,
-        configured: (Vec<String>, String),
+        configured: (Vec<String>, config::Admin),
         training: Option<Arc<training::Trainer>>,
     ) -> Shared {
         Shared {
@@ -135,14 +135,17 @@ impl Shared {
         if cfg.training != cur.config.training {
             return Err("training: cannot change on reload; restart the proxy to change it".into());
         }
-        if cfg.admin.address != cur.config.admin.address && &cfg.admin.address != first_admin {
+        if cfg.admin.address != cur.config.admin.address && cfg.admin.address != first_admin.address {
             return Err("admin.address: cannot change on reload; restart the proxy".into());
+        }
+        if cfg.admin.metrics_address != cur.config.admin.metrics_address && cfg.admin.metrics_address != first_admin.metrics_address {
+            return Err("admin.metrics_address: cannot change on reload; restart the proxy".into());
         }
         // Keep showing the addresses really bound.
         for (new, bound) in cfg.listeners.iter_mut().zip(&cur.config.listeners) {
             new.address = bound.address.clone();
         }
-        cfg.admin.address = cur.config.admin.address.clone();
+        cfg.admin = cur.config.admin.clone();
         let snap = Snapshot::compile(cfg, Some(&cur), self.workers, &self.telemetry)?;
         // Reconfigured on every apply (a SIGHUP after log rotation reopens the access log), but
         // an unchanged section that cannot be set up again (the log's directory is gone, say)

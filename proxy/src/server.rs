@@ -45,6 +45,8 @@ pub struct Proxy {
     /// Bound address of each listener, in config order (useful with port 0).
     pub listener_addrs: Vec<SocketAddr>,
     pub admin_addr: SocketAddr,
+    /// Bound address of the read-only metrics listener (`admin.metrics_address`), if any.
+    pub metrics_addr: Option<SocketAddr>,
     threads: Vec<JoinHandle<()>>,
     stop: tokio::sync::watch::Sender<bool>,
 }
@@ -80,13 +82,22 @@ impl Proxy {
         let admin_addr: SocketAddr = cfg.admin.address.parse().map_err(|_| format!("admin.address: {:?}", cfg.admin.address))?;
         let admin = bind(admin_addr, false).map_err(|e| format!("admin.address: cannot listen on {admin_addr}: {e}"))?;
         let admin_addr = admin.local_addr().map_err(|e| e.to_string())?;
+        let metrics = match &cfg.admin.metrics_address {
+            None => None,
+            Some(m) => {
+                let addr: SocketAddr = m.parse().map_err(|_| format!("admin.metrics_address: {m:?}"))?;
+                Some(bind(addr, false).map_err(|e| format!("admin.metrics_address: cannot listen on {addr}: {e}"))?)
+            }
+        };
+        let metrics_addr = metrics.as_ref().map(|l| l.local_addr()).transpose().map_err(|e| e.to_string())?;
 
-        let configured = (cfg.listeners.iter().map(|l| l.address.clone()).collect(), cfg.admin.address.clone());
+        let configured = (cfg.listeners.iter().map(|l| l.address.clone()).collect(), cfg.admin.clone());
         // Record the bound addresses so /config_dump and reloads see what is really served.
         for (l, a) in cfg.listeners.iter_mut().zip(&listener_addrs) {
             l.address = a.to_string();
         }
         cfg.admin.address = admin_addr.to_string();
+        cfg.admin.metrics_address = metrics_addr.map(|a| a.to_string());
         let mut snap = snap;
         snap.config = cfg;
 
@@ -110,10 +121,10 @@ impl Proxy {
         threads.push(
             std::thread::Builder::new()
                 .name("weft-control".into())
-                .spawn(move || crate::admin::run_control(sh, admin, opts, stop_rx))
+                .spawn(move || crate::admin::run_control(sh, admin, metrics, opts, stop_rx))
                 .map_err(|e| e.to_string())?,
         );
-        Ok(Proxy { shared, listener_addrs, admin_addr, threads, stop })
+        Ok(Proxy { shared, listener_addrs, admin_addr, metrics_addr, threads, stop })
     }
 
     /// Swap in a new config (validated first). See [`Shared::apply`].

@@ -139,6 +139,9 @@ impl Snapshot {
             .address
             .parse::<SocketAddr>()
             .map_err(|_| format!("admin.address: {:?} is not an ip:port address", cfg.admin.address))?;
+        if let Some(m) = &cfg.admin.metrics_address {
+            m.parse::<SocketAddr>().map_err(|_| format!("admin.metrics_address: {m:?} is not an ip:port address"))?;
+        }
 
         let mut clusters = Vec::with_capacity(cfg.clusters.len());
         let mut cluster_idx = HashMap::new();
@@ -405,6 +408,7 @@ clusters: [{name: c, endpoints: ["127.0.0.1:1"]}]
             (OK.replace("hosts: [s]", "hosts: [s]\n    listeners: [nope]"), "unknown listener \"nope\""),
             (OK.replace("routes:\n", "routes:\n      - {name: r, match: {}, cluster: c}\n"), "name \"r\" is used twice"),
             (OK.replace("{path_prefix: /}", "{path_prefix: /, typo: 1}"), "unknown field `typo`"),
+            (format!("admin: {{metrics_address: \"all:9090\"}}\n{OK}"), "admin.metrics_address: \"all:9090\" is not an ip:port"),
         ];
         for (yaml, want) in cases {
             let err = compile(&yaml).err().unwrap_or_else(|| panic!("accepted: {yaml}"));

@@ -81,6 +81,43 @@ async fn invalid_reload_is_rejected_and_old_config_serves() {
     assert_eq!(metric_sum(&m, "weft_config_reloads_total", &[("result", "rejected")]), 2.0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_listener_serves_probes_and_the_scrape_but_not_the_admin_api() {
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let yaml = config("127.0.0.1:0", "127.0.0.1:0", &a, &b, 1, 0).replace(
+        r#"admin: {address: "127.0.0.1:0"}"#,
+        r#"admin: {address: "127.0.0.1:0", metrics_address: "127.0.0.1:0"}"#,
+    );
+    let p = start_proxy(&yaml);
+    let m = p.metrics_addr.expect("metrics listener bound");
+    assert_ne!(m, p.admin_addr);
+    assert_eq!(get(&client(), p.listener_addrs[0], "s", "/", &[]).await.0, 200);
+    let (s, text) = admin_get(m, "/metrics").await;
+    assert_eq!(s, 200);
+    assert_eq!(metric_sum(&text, "weft_requests_total", &[("variant", "a")]), 1.0, "{text}");
+    assert_eq!(admin_get(m, "/ready").await.0, 200);
+    assert_eq!(admin_get(m, "/live").await.0, 200);
+    // Nothing that reveals config or changes state.
+    for path in ["/config_dump", "/clusters", "/drain"] {
+        let (s, body) = admin_get(m, path).await;
+        assert_eq!(s, 404, "{path}: {body}");
+        assert!(body.contains("admin.address"), "the 404 points at the admin API: {body}");
+    }
+    let post = http::Request::post(format!("http://{m}/drain")).body(full(bytes::Bytes::new())).unwrap();
+    assert_eq!(client().request(post).await.unwrap().status(), 404);
+    assert_eq!(admin_get(m, "/ready").await.0, 200, "a POST /drain to the metrics listener does not drain");
+    let post = http::Request::post(format!("http://{m}/metrics")).body(full(bytes::Bytes::new())).unwrap();
+    assert_eq!(client().request(post).await.unwrap().status(), 405);
+    // The admin API shows the bound address; a reload may not move it.
+    let dump: serde_json::Value = serde_json::from_str(&admin_get(p.admin_addr, "/config_dump").await.1).unwrap();
+    assert_eq!(dump["config"]["admin"]["metrics_address"], m.to_string().as_str());
+    assert_eq!(p.reload(weft_proxy::Config::from_yaml(&yaml).unwrap()), Ok(2), "the same file (:0) is unchanged");
+    let moved = yaml.replace(r#"metrics_address: "127.0.0.1:0""#, r#"metrics_address: "127.0.0.1:1""#);
+    let err = p.reload(weft_proxy::Config::from_yaml(&moved).unwrap()).unwrap_err();
+    assert!(err.contains("admin.metrics_address"), "{err}");
+    assert_eq!(admin_get(m, "/metrics").await.0, 200, "still served after the rejected reload");
+}
+
 async fn wait_ready(admin: &str) {
     for _ in 0..100 {
         if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(admin)).await {
