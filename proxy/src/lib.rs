@@ -11,7 +11,8 @@
 //! - body: streaming bodies (bounded replay copy, idle timeout, end-of-stream accounting);
 //! - telemetry: Prometheus metrics, tenant cardinality limit, access log, traceparent;
 //! - otlp: OpenTelemetry spans (server, upstream tries, shadow copies) exported over OTLP/gRPC;
-//! - server, admin, reload, worker: sockets, the admin API, hot reload, per-core workers;
+//! - server, linger, admin, reload, worker: sockets (closed lingering), the admin API, hot
+//!   reload, per-core workers;
 //! - xds: the control-plane client (ADS), pushes validated and swapped like a reload;
 //! - training: a training worker's sidecar: shard map, checkpoints and the trainer's API.
 
@@ -27,6 +28,7 @@ pub mod duration;
 pub mod h1;
 pub mod lb;
 pub mod limit;
+pub mod linger;
 pub mod model_sim;
 pub mod otlp;
 pub mod otlp_metrics;

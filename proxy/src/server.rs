@@ -259,7 +259,8 @@ fn serve_conn(sh: &Arc<Shared>, drain: &Drain, li: usize, stream: tokio::net::Tc
         .timer(TokioTimer::new())
         .max_header_list_size(max_header as u32)
         .max_concurrent_streams(1024);
-    let conn = b.serve_connection(TokioIo::new(stream), svc).into_owned();
+    // Closed lingering, so a client still uploading reads an early answer (see `linger`).
+    let conn = b.serve_connection(TokioIo::new(crate::linger::Lingering::new(stream)), svc).into_owned();
     let fut = drain.watch(conn);
     tokio::spawn(async move {
         if let Err(e) = fut.await {

@@ -125,6 +125,30 @@ async fn unknown_host_and_route_get_json_404_naming_them() {
     assert_eq!(a.hits() + b.hits(), 0);
 }
 
+/// A client that writes its whole request before reading (Python's http.client, urllib3) must
+/// still read a local answer given before its body ended: the proxy closes its side and keeps
+/// reading, instead of closing with the body unread, which resets the connection under the
+/// client's write and loses the 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_still_uploading_reads_the_early_404() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let p = start_proxy(&ab_config(&a, &b, "", (1, 1)));
+    let body = vec![b'x'; 16 << 20];
+    let mut s = tokio::net::TcpStream::connect(p.listener_addrs[0]).await.unwrap();
+    let head = format!("POST /upload HTTP/1.1\r\nHost: nosuch.svc\r\nContent-Length: {}\r\n\r\n", body.len());
+    s.write_all(head.as_bytes()).await.unwrap();
+    let wrote = s.write_all(&body).await;
+    assert!(wrote.is_ok(), "the upload was cut by a reset: {wrote:?}");
+    let mut resp = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), s.read_to_end(&mut resp)).await;
+    let text = String::from_utf8_lossy(&resp);
+    assert!(matches!(read, Ok(Ok(_))), "reading the answer: {read:?} after {text:?}");
+    assert!(text.starts_with("HTTP/1.1 404"), "{text}");
+    assert!(text.contains("unknown_host"), "{text}");
+    assert_eq!(a.hits() + b.hits(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_http_400_and_oversized_headers_431() {
     let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);

@@ -14,11 +14,10 @@
 //! its own on the socket's write half, as hyper's connection task did, so it never waits on
 //! the downstream reading the response; once the response has ended it lingers at most
 //! [`LINGER`], and once the upstream stops reading it reads and drops the client's body (as
-//! nginx's lingering close), so a client still uploading can read its answer. (A client that
-//! goes on uploading after the downstream connection closes can still meet a reset: hyper's
-//! server has no lingering close of its own.) A connection goes back to the pool only when both directions finished
-//! cleanly and the upstream keeps it alive; anything else closes it. HTTP/2 upstreams stay on
-//! hyper.
+//! nginx's lingering close), so a client still uploading can read its answer; when the
+//! downstream connection then closes, it closes lingering too ([`crate::linger`]). A
+//! connection goes back to the pool only when both directions finished cleanly and the
+//! upstream keeps it alive; anything else closes it. HTTP/2 upstreams stay on hyper.
 //!
 //! Framing rules (pure) are in [`codec`].
 

@@ -1,0 +1,88 @@
+//! Lingering close of downstream connections.
+//!
+//! When the proxy answers before the request body has arrived (a 404 for an unknown host, a 503
+//! shed, a 413 from the upstream), hyper closes the connection with the rest of the body unread,
+//! and closing a socket whose receive queue holds data makes the kernel send a reset instead of
+//! a FIN. A client that writes its whole request before reading (Python's `http.client` and
+//! urllib3 do) then fails in the middle of its write and never sees the answer (RFC 9112 §9.6).
+//! nginx (`lingering_close`) and Envoy (`delayed_close_timeout`) avoid it the same way as here:
+//! on close, shut down the write side (the client reads the answer, then EOF), read and drop
+//! whatever the client still sends until it closes too, and give up after [`LINGER_CLOSE`].
+//!
+//! Only the close path differs; reads and writes pass straight through.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// The longest a closing connection keeps reading what its client still sends.
+pub const LINGER_CLOSE: Duration = Duration::from_secs(2);
+
+pub struct Lingering {
+    tcp: TcpStream,
+    /// Set once the write side is shut down: when lingering gives up.
+    until: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Lingering {
+    pub fn new(tcp: TcpStream) -> Lingering {
+        Lingering { tcp, until: None }
+    }
+}
+
+impl AsyncRead for Lingering {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Lingering {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    /// Shut down the write side, then read and drop until the client's EOF, an error, or
+    /// [`LINGER_CLOSE`]; the caller drops (closes) the socket after.
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.until.is_none() {
+            ready!(Pin::new(&mut this.tcp).poll_shutdown(cx))?;
+            this.until = Some(Box::pin(tokio::time::sleep(LINGER_CLOSE)));
+        }
+        let mut scratch = [0u8; 16 * 1024];
+        // At most 1 MiB per poll, so a client that keeps sending cannot hold the worker.
+        for _ in 0..64 {
+            let mut buf = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut this.tcp).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => {}
+                // A reset from the client ends it as well as a FIN.
+                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
+                Poll::Pending => break,
+            }
+        }
+        if !matches!(this.tcp.poll_read_ready(cx), Poll::Pending) {
+            cx.waker().wake_by_ref();
+        }
+        match this.until.as_mut() {
+            Some(t) => t.as_mut().poll(cx).map(Ok),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+}
