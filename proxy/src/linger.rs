@@ -63,10 +63,11 @@ impl AsyncWrite for Lingering {
         let this = &mut *self;
         if this.until.is_none() {
             ready!(Pin::new(&mut this.tcp).poll_shutdown(cx))?;
-            this.until = Some(Box::pin(tokio::time::sleep(LINGER_CLOSE)));
         }
+        let until = this.until.get_or_insert_with(|| Box::pin(tokio::time::sleep(LINGER_CLOSE)));
         let mut scratch = [0u8; 16 * 1024];
         // At most 1 MiB per poll, so a client that keeps sending cannot hold the worker.
+        let mut budget_spent = true;
         for _ in 0..64 {
             let mut buf = ReadBuf::new(&mut scratch);
             match Pin::new(&mut this.tcp).poll_read(cx, &mut buf) {
@@ -74,15 +75,18 @@ impl AsyncWrite for Lingering {
                 Poll::Ready(Ok(())) => {}
                 // A reset from the client ends it as well as a FIN.
                 Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
-                Poll::Pending => break,
+                Poll::Pending => {
+                    budget_spent = false;
+                    break;
+                }
             }
         }
-        if !matches!(this.tcp.poll_read_ready(cx), Poll::Pending) {
+        if until.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Ok(()));
+        }
+        if budget_spent {
             cx.waker().wake_by_ref();
         }
-        match this.until.as_mut() {
-            Some(t) => t.as_mut().poll(cx).map(Ok),
-            None => Poll::Ready(Ok(())),
-        }
+        Poll::Pending
     }
 }
