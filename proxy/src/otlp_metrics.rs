@@ -7,6 +7,12 @@
 //! interface the `metrics` exporter offers); [`convert`] is the pure translation. A failed
 //! export is counted (`weft_otlp_metric_exports_total{result="failed"}`) and the next interval
 //! sends the cumulative values again, so nothing is lost but resolution.
+//!
+//! Each cumulative series carries its own start time ([`Starts`]): series come and go (the
+//! registry drops a series idle for `telemetry.retain_idle`, and one that sees traffic again
+//! starts from zero), and an OTLP consumer only knows a cumulative series was reset when its
+//! start time moves. With one start for all, a recreated series would read as a counter going
+//! backwards, and a delta conversion (the collector's `cumulativetodelta`) would be wrong.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -83,8 +89,54 @@ fn point(labels: &[(String, String)], v: f64, start: u64, now: u64) -> NumberDat
     }
 }
 
-/// The Prometheus text `text` as OTLP metrics, cumulative since `start` (unix ns), read at `now`.
-pub fn convert(text: &str, start: u64, now: u64) -> Vec<Metric> {
+/// A cumulative series: metric name and labels (a histogram's without `le`).
+type SeriesKey = (String, Vec<(String, String)>);
+
+/// The start time of every cumulative series, kept across exports.
+///
+/// A series present at the first export counts from the exporter's start. One that appears
+/// later, or whose value goes down (it was dropped and recreated, or the process behind it
+/// restarted), counts from the previous export: it began somewhere in between, and a start
+/// time earlier than its first point is all OTLP asks of it. A series absent from an export is
+/// forgotten, so when it comes back it is new.
+#[derive(Debug)]
+pub struct Starts {
+    origin: u64,
+    /// The previous export's time; `None` before the first.
+    last: Option<u64>,
+    /// Series → (start, the value it had: a counter's value, a histogram's count).
+    series: BTreeMap<SeriesKey, (u64, f64)>,
+    /// Filled during an export; becomes `series` at its end.
+    next: BTreeMap<SeriesKey, (u64, f64)>,
+}
+
+impl Starts {
+    /// Start times for an exporter that began at `origin` (unix ns).
+    pub fn new(origin: u64) -> Self {
+        Starts { origin, last: None, series: BTreeMap::new(), next: BTreeMap::new() }
+    }
+
+    /// The start of series `key` now holding `value`.
+    fn start(&mut self, key: SeriesKey, value: f64) -> u64 {
+        let start = match (self.series.get(&key), self.last) {
+            (Some(&(start, before)), _) if value >= before => start,
+            (_, Some(last)) => last,
+            (_, None) => self.origin,
+        };
+        self.next.insert(key, (start, value));
+        start
+    }
+
+    /// Ends the export made at `now`: series it did not see are forgotten.
+    fn finish(&mut self, now: u64) {
+        self.series = std::mem::take(&mut self.next);
+        self.last = Some(now);
+    }
+}
+
+/// The Prometheus text `text` as OTLP metrics read at `now` (unix ns), each cumulative series
+/// since its start in `starts`.
+pub fn convert(text: &str, starts: &mut Starts, now: u64) -> Vec<Metric> {
     let mut types: BTreeMap<String, String> = BTreeMap::new();
     let mut help: BTreeMap<String, String> = BTreeMap::new();
     let mut samples: Vec<Sample> = Vec::new();
@@ -108,19 +160,24 @@ pub fn convert(text: &str, start: u64, now: u64) -> Vec<Metric> {
         let description = help.get(name).cloned().unwrap_or_default();
         let data = match kind.as_str() {
             "counter" | "gauge" => {
-                let points: Vec<NumberDataPoint> =
-                    samples.iter().filter(|(n, _, _)| n == name).map(|(_, l, v)| point(l, *v, start, now)).collect();
+                let counter = kind == "counter";
+                let points: Vec<NumberDataPoint> = samples
+                    .iter()
+                    .filter(|(n, _, _)| n == name)
+                    // A gauge's start time is optional in OTLP; it gets the exporter's start.
+                    .map(|(_, l, v)| point(l, *v, if counter { starts.start((name.clone(), l.clone()), *v) } else { starts.origin }, now))
+                    .collect();
                 if points.is_empty() {
                     continue;
                 }
-                if kind == "counter" {
+                if counter {
                     metric::Data::Sum(Sum { data_points: points, aggregation_temporality: AggregationTemporality::Cumulative as i32, is_monotonic: true })
                 } else {
                     metric::Data::Gauge(Gauge { data_points: points })
                 }
             }
             "histogram" => {
-                let points = histogram(name, &samples, start, now);
+                let points = histogram(name, &samples, starts, now);
                 if points.is_empty() {
                     continue;
                 }
@@ -130,11 +187,12 @@ pub fn convert(text: &str, start: u64, now: u64) -> Vec<Metric> {
         };
         out.push(Metric { name: name.clone(), description, data: Some(data), ..Default::default() });
     }
+    starts.finish(now);
     out
 }
 
 /// A histogram's series (`_bucket{le}`, `_sum`, `_count`) grouped by their other labels.
-fn histogram(name: &str, samples: &[Sample], start: u64, now: u64) -> Vec<HistogramDataPoint> {
+fn histogram(name: &str, samples: &[Sample], starts: &mut Starts, now: u64) -> Vec<HistogramDataPoint> {
     let (bucket, sum, count) = (format!("{name}_bucket"), format!("{name}_sum"), format!("{name}_count"));
     // labels (without le) → (le → cumulative count, sum, count)
     let mut series: BTreeMap<Vec<(String, String)>, (Vec<(f64, f64)>, f64, f64)> = BTreeMap::new();
@@ -166,9 +224,10 @@ fn histogram(name: &str, samples: &[Sample], start: u64, now: u64) -> Vec<Histog
                 }
             }
             counts.push((c - below).max(0.0) as u64);
+            let attributes = attrs(&labels);
             HistogramDataPoint {
-                attributes: attrs(&labels),
-                start_time_unix_nano: start,
+                attributes,
+                start_time_unix_nano: starts.start((name.to_owned(), labels), c),
                 time_unix_nano: now,
                 count: c as u64,
                 sum: Some(s),
@@ -202,7 +261,7 @@ pub(crate) async fn run(
     timeout: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
-    let start = unix_ns(SystemTime::now());
+    let mut starts = Starts::new(unix_ns(SystemTime::now()));
     let mut client = MetricsServiceClient::new(channel);
     let mut tick = tokio::time::interval(job.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -212,7 +271,7 @@ pub(crate) async fn run(
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let metrics = convert(&job.exposition.render(), start, unix_ns(SystemTime::now()));
+        let metrics = convert(&job.exposition.render(), &mut starts, unix_ns(SystemTime::now()));
         let body = ExportMetricsServiceRequest {
             resource_metrics: vec![ResourceMetrics {
                 resource: Some(resource.clone()),
@@ -256,7 +315,7 @@ weft_request_duration_seconds_count{variant="a"} 7
 
     #[test]
     fn counters_gauges_and_histograms_keep_their_names_labels_and_values() {
-        let m = convert(TEXT, 1, 2);
+        let m = convert(TEXT, &mut Starts::new(1), 2);
         let by = |n: &str| m.iter().find(|x| x.name == n).unwrap_or_else(|| panic!("{n} missing"));
         let Some(metric::Data::Sum(sum)) = &by("weft_requests_total").data else { panic!("counter → sum") };
         assert!(sum.is_monotonic && sum.aggregation_temporality == AggregationTemporality::Cumulative as i32);
@@ -279,6 +338,53 @@ weft_request_duration_seconds_count{variant="a"} 7
         assert!(sample("weft_x{a=\"1\" 3").is_none());
         assert!(sample("weft_x{a=1} 3").is_none());
         assert_eq!(sample("weft_y 4"), Some(("weft_y".into(), vec![], 4.0)));
-        assert!(convert("# TYPE weft_z counter\nweft_z{a=\"1\"} not-a-number\n", 0, 0).is_empty());
+        assert!(convert("# TYPE weft_z counter\nweft_z{a=\"1\"} not-a-number\n", &mut Starts::new(0), 0).is_empty());
+    }
+
+    /// (start, value) of each point of counter `name`, by its `k` label.
+    fn counter_points(m: &[Metric], name: &str) -> BTreeMap<String, (u64, f64)> {
+        let Some(metric::Data::Sum(sum)) = m.iter().find(|x| x.name == name).and_then(|x| x.data.clone()) else { return BTreeMap::new() };
+        sum.data_points
+            .iter()
+            .map(|p| {
+                let Some(number_data_point::Value::AsDouble(v)) = p.value else { panic!("double") };
+                (label(&p.attributes, "k"), (p.start_time_unix_nano, v))
+            })
+            .collect()
+    }
+
+    fn hist_start(m: &[Metric]) -> u64 {
+        let Some(metric::Data::Histogram(h)) = m.iter().find(|x| x.name == "weft_h").and_then(|x| x.data.clone()) else { panic!("weft_h") };
+        h.data_points[0].start_time_unix_nano
+    }
+
+    /// A series that appears late, or drops to a lower value (dropped while idle and recreated),
+    /// gets a new start time, so an OTLP consumer sees a reset, not a counter going backwards;
+    /// a series that only grows keeps its start.
+    #[test]
+    fn a_series_that_appears_or_resets_gets_its_own_start_time() {
+        let text = |a: u32, b: Option<u32>, h: u32| {
+            let mut t = format!("# TYPE weft_c counter\nweft_c{{k=\"a\"}} {a}\n");
+            if let Some(b) = b {
+                t += &format!("weft_c{{k=\"b\"}} {b}\n");
+            }
+            t + &format!("# TYPE weft_h histogram\nweft_h_bucket{{le=\"+Inf\"}} {h}\nweft_h_sum 1\nweft_h_count {h}\n")
+        };
+        let mut starts = Starts::new(100);
+        let m = convert(&text(5, None, 3), &mut starts, 110);
+        assert_eq!(counter_points(&m, "weft_c")["a"], (100, 5.0), "present at the first export: since the exporter began");
+        assert_eq!(hist_start(&m), 100);
+        let m = convert(&text(9, Some(2), 4), &mut starts, 120);
+        assert_eq!(counter_points(&m, "weft_c")["a"], (100, 9.0), "it grew: same start");
+        assert_eq!(counter_points(&m, "weft_c")["b"], (110, 2.0), "new since the export at 110");
+        assert_eq!(hist_start(&m), 100);
+        // b is dropped (idle), a is recreated from zero, the histogram too.
+        let m = convert(&text(1, None, 1), &mut starts, 130);
+        assert_eq!(counter_points(&m, "weft_c")["a"], (120, 1.0), "went down: a reset, counted from the last export");
+        assert_eq!(hist_start(&m), 120, "a histogram's count going down is a reset too");
+        let m = convert(&text(2, Some(7), 2), &mut starts, 140);
+        assert_eq!(counter_points(&m, "weft_c")["a"], (120, 2.0));
+        assert_eq!(counter_points(&m, "weft_c")["b"], (130, 7.0), "b came back after an export without it: new, even though 7 > 2");
+        assert_eq!(hist_start(&m), 120);
     }
 }
