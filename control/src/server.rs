@@ -206,7 +206,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     }));
 
     if let Some(join) = &opts.join {
-        join_cluster(&node, strip_scheme(join), opts.id, &me, opts.tokens.admin_token()).await?;
+        join_cluster(&node, strip_scheme(join), opts.id, &me, opts.history_revisions, opts.tokens.admin_token()).await?;
     }
     tracing::info!(id = opts.id, api = %api_addr, xds = %xds_addr, "control node serving");
     Ok(Running { node, api_addr, xds_addr, stop, tasks })
@@ -214,11 +214,12 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
 
 /// Asks `via` to add this node as a voter; retried while the cluster elects a leader. A node
 /// that already is a member (a restart) skips this.
-async fn join_cluster(node: &Node, via: &str, id: NodeId, me: &Member, token: Option<String>) -> anyhow::Result<()> {
+async fn join_cluster(node: &Node, via: &str, id: NodeId, me: &Member, history_revisions: u64, token: Option<String>) -> anyhow::Result<()> {
     if node.members().members.iter().any(|m| m.id == id) {
         return Ok(());
     }
-    let body = serde_json::json!({ "id": id, "addr": me.addr, "xds_addr": me.xds_addr, "voter": true }).to_string();
+    let mut body =
+        serde_json::json!({ "id": id, "addr": me.addr, "xds_addr": me.xds_addr, "voter": true, "history_revisions": history_revisions });
     let peers = Peers::default();
     let mut req = http::Request::post("/v1/members").header(http::header::CONTENT_TYPE, "application/json");
     if let Some(t) = &token {
@@ -227,7 +228,7 @@ async fn join_cluster(node: &Node, via: &str, id: NodeId, me: &Member, token: Op
     let (parts, _) = req.body(())?.into_parts();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let outcome = peers.forward(via, None, &parts, body.clone().into()).await;
+        let outcome = peers.forward(via, None, &parts, body.to_string().into()).await;
         match outcome {
             Ok(r) if r.status().is_success() => {
                 tracing::info!(via, "joined the cluster");
@@ -235,7 +236,14 @@ async fn join_cluster(node: &Node, via: &str, id: NodeId, me: &Member, token: Op
             }
             Ok(r) if r.status().is_client_error() => {
                 let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap_or_default();
-                bail!("--join {via}: refused: {}", String::from_utf8_lossy(&bytes));
+                let why = String::from_utf8_lossy(&bytes);
+                // A leader older than the history check rejects the field it does not know;
+                // join it without the check rather than not at all (a rolling upgrade).
+                if why.contains("unknown field `history_revisions`") && body.as_object_mut().and_then(|b| b.remove("history_revisions")).is_some() {
+                    tracing::warn!(via, "the leader predates the --history-revisions check; joining unchecked");
+                    continue;
+                }
+                bail!("--join {via}: refused: {why}");
             }
             other => {
                 let why = match other {

@@ -194,8 +194,9 @@ pub fn convert(text: &str, starts: &mut Starts, now: u64) -> Vec<Metric> {
 /// A histogram's series (`_bucket{le}`, `_sum`, `_count`) grouped by their other labels.
 fn histogram(name: &str, samples: &[Sample], starts: &mut Starts, now: u64) -> Vec<HistogramDataPoint> {
     let (bucket, sum, count) = (format!("{name}_bucket"), format!("{name}_sum"), format!("{name}_count"));
-    // labels (without le) → (le → cumulative count, sum, count)
-    let mut series: BTreeMap<Vec<(String, String)>, (Vec<(f64, f64)>, f64, f64)> = BTreeMap::new();
+    // labels (without le) → ((le, cumulative count), sum, count)
+    type Parts = (Vec<(f64, f64)>, f64, f64);
+    let mut series: BTreeMap<Vec<(String, String)>, Parts> = BTreeMap::new();
     for (n, labels, v) in samples {
         if n == &bucket {
             let le = labels.iter().find(|(k, _)| k == "le").and_then(|(_, v)| if v == "+Inf" { Some(f64::INFINITY) } else { v.parse().ok() });

@@ -146,6 +146,18 @@ impl ControlProc {
         self.child.is_some()
     }
 
+    /// Waits up to `limit` for the process to exit by itself; its status, or `None` if it runs on.
+    pub async fn exited_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = tokio::time::Instant::now() + limit;
+        while tokio::time::Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut()?.0.try_wait().ok().flatten() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
     pub async fn status(&self, c: &HttpClient) -> Option<Value> {
         let (s, v) = api(c, Method::GET, self.api, "/v1/status", None).await;
         (s == StatusCode::OK).then_some(v)

@@ -333,4 +333,16 @@ async fn members_are_removed_and_added_through_weftctl() {
     let listed: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert!(ok, "{out}");
     assert!(listed["members"].as_array().unwrap().iter().any(|m| m["id"] == 4), "{out}");
+
+    // A node whose history would be compacted differently is refused, with the field named,
+    // and exits instead of serving as a member.
+    let body = json!({"id": 5, "addr": "127.0.0.1:1", "history_revisions": 7});
+    let (s, v) = api(&c, Method::POST, nodes[1].api, "/v1/members", Some(body)).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    let msg = v.to_string();
+    assert!(msg.contains("history_revisions") && msg.contains("--history-revisions 7") && msg.contains("100000"), "{msg}");
+    let mut n5 = ControlProc::start_with(5, dir.path(), false, Some(nodes[0].api), &["--history-revisions", "7"]);
+    let status = n5.exited_within(Duration::from_secs(30)).await.expect("a refused join ends the process");
+    assert!(!status.success());
+    assert_eq!(voters(&c, &nodes[0]).await, vec![1, 2, 4], "node 5 never became a member");
 }

@@ -98,6 +98,11 @@ pub struct AddMember {
     xds_addr: String,
     #[serde(default = "yes")]
     voter: bool,
+    /// The joining node's `--history-revisions` (sent by `--join`); checked against the
+    /// leader's, since each member compacts its own history and `history`/`rollback` read the
+    /// history of whichever member answers. Absent: not checked.
+    #[serde(default)]
+    history_revisions: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -118,6 +123,17 @@ pub async fn add_member(State(st): State<Arc<AppState>>, body: Bytes) -> ApiResu
             crate::resources::check_address(field, addr)
                 .map_err(|e| ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, &e.field, &e.message))?;
         }
+    }
+    let keep = st.node.history_revisions();
+    if let Some(theirs) = b.history_revisions.filter(|v| *v != keep) {
+        return Err(ApiError::field(
+            StatusCode::CONFLICT,
+            "history_revisions",
+            format!(
+                "node {} runs with --history-revisions {theirs}, this cluster's leader with {keep}; give every member the same value",
+                b.id
+            ),
+        ));
     }
     let view = st.node.members();
     if let Some(m) = view.members.iter().find(|m| m.addr == b.addr && m.id != b.id) {

@@ -100,7 +100,8 @@ pub async fn document() -> Json<Value> {
             "/v1/members": {
                 "get": {"summary": "Members of the control-plane cluster", "responses": responses(members.clone())},
                 "post": {"summary": "Add a member (learner, caught up, then voter)", "requestBody": body(json!({"type": "object", "required": ["id", "addr"], "additionalProperties": false, "properties": {
-                    "id": {"type": "integer", "minimum": 1}, "addr": {"type": "string"}, "xds_addr": {"type": "string"}, "voter": {"type": "boolean"}}})),
+                    "id": {"type": "integer", "minimum": 1}, "addr": {"type": "string"}, "xds_addr": {"type": "string"}, "voter": {"type": "boolean"},
+                    "history_revisions": {"type": "integer", "minimum": 0, "description": "the joining node's --history-revisions; 409 unless it equals the leader's"}}})),
                     "responses": responses(members.clone())}},
             "/v1/members/{id}": {"delete": {"summary": "Remove a member", "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "integer", "minimum": 1}}],
                 "responses": responses(members)}},

@@ -250,6 +250,11 @@ impl Node {
         self.raft.metrics().borrow().current_leader
     }
 
+    /// How many revisions back this node's resource history reaches (`--history-revisions`).
+    pub fn history_revisions(&self) -> u64 {
+        self.state.history_revisions()
+    }
+
     /// Members, their addresses and roles, from this node's latest membership config.
     pub fn members(&self) -> MembersView {
         let m = self.raft.metrics().borrow().clone();

@@ -117,6 +117,11 @@ impl StateMachineStore {
         Self { db, shared, _lease: lease }
     }
 
+    /// `--history-revisions` of the store this handle belongs to.
+    pub(crate) fn history_revisions(&self) -> u64 {
+        self.shared.history_revisions.load(Ordering::Relaxed)
+    }
+
     /// Makes every applied entry durable (an empty fsynced commit carries the unsynced ones).
     pub fn sync(&self) -> Result<(), StorageError<NodeId>> {
         db::sync_state(&self.db).map_err(sm_write)?;
