@@ -128,7 +128,15 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     };
 
     let store = Store::open(opts.data_dir.join("weft-control.redb")).map_err(|e| anyhow::anyhow!("{e}"))?;
-    store.keep_history(opts.history_revisions);
+    if let Some(before) = store.keep_history(opts.history_revisions).map_err(|e| anyhow::anyhow!("{e}"))? {
+        tracing::warn!(
+            before,
+            now = opts.history_revisions,
+            "--history-revisions changed since this node last ran: lowering it compacts history this \
+             node kept until now at its next compaction, raising it cannot bring compacted rows back, \
+             and the other members keep their own value (GET /v1/status on each shows it)"
+        );
+    }
     let config = raft_config(opts.snapshot_every, 1000).map_err(|e| anyhow::anyhow!("{e}"))?;
     let network = HttpNetwork::new(opts.tokens.admin_token());
     let node = Arc::new(Node::start(opts.id, &store, config, network).await.map_err(|e| anyhow::anyhow!("{e}"))?);

@@ -334,6 +334,9 @@ async fn members_are_removed_and_added_through_weftctl() {
     assert!(ok, "{out}");
     assert!(listed["members"].as_array().unwrap().iter().any(|m| m["id"] == 4), "{out}");
 
+    let (_, st) = api(&c, Method::GET, n4.api, "/v1/status", None).await;
+    assert_eq!(st["history_revisions"], 100000, "status shows the node's history setting: {st}");
+
     // A node whose history would be compacted differently is refused, with the field named,
     // and exits instead of serving as a member.
     let body = json!({"id": 5, "addr": "127.0.0.1:1", "history_revisions": 7});

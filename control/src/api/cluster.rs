@@ -82,6 +82,7 @@ pub async fn status(State(st): State<Arc<AppState>>) -> Json<Value> {
         "last_applied": m.last_applied.map(|l| l.index),
         "snapshot": m.snapshot.map(|l| l.index),
         "xds_revision": st.cache.snapshot().revision(),
+        "history_revisions": st.node.history_revisions(),
     }))
 }
 

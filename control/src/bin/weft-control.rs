@@ -45,7 +45,8 @@ struct Args {
     snapshot_every: u64,
     /// How many revisions back resource history (`weftctl history`, `rollback`) reaches; older
     /// rows are compacted, except each resource's current revision. 0 keeps everything. Every
-    /// member needs the same value: `--join` is refused when it differs from the leader's.
+    /// member needs the same value: `--join` is refused when it differs from the leader's, and a
+    /// restart with another value logs a warning naming both.
     #[arg(long, default_value_t = weft_control::store::DEFAULT_HISTORY_REVISIONS)]
     history_revisions: u64,
     /// Commits within this many milliseconds become one xDS push.

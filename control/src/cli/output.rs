@@ -327,8 +327,10 @@ pub fn proxies_table(view: &Value) -> String {
 
 /// `GET /v1/status` as FIELD VALUE lines, in the documented order, then any others.
 pub fn status_table(status: &Value) -> String {
-    const ORDER: [&str; 8] =
-        ["id", "role", "leader", "term", "last_log_index", "last_applied", "snapshot", "xds_revision"];
+    const ORDER: [&str; 9] = [
+        "id", "role", "leader", "term", "last_log_index", "last_applied", "snapshot", "xds_revision",
+        "history_revisions",
+    ];
     let mut rows: Vec<Vec<String>> = ORDER.iter().map(|k| vec![k.to_string(), cell(&status[*k])]).collect();
     if let Some(obj) = status.as_object() {
         for (k, v) in obj.iter().filter(|(k, _)| !ORDER.contains(&k.as_str())) {
@@ -438,8 +440,10 @@ mod tests {
         assert!(t.lines().nth(2).unwrap().ends_with("-          learner"), "{t}");
         assert!(t.ends_with("term 4, leader 1\n"));
         let s = status_table(&json!({"id": 1, "role": "leader", "leader": 1, "snapshot": null, "extra": true}));
-        assert!(s.contains("snapshot         -\n"), "{s}");
-        assert!(s.ends_with("extra            true\n"), "{s}");
+        let row = |k: &str| s.lines().find(|l| l.split_whitespace().next() == Some(k)).map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string());
+        assert_eq!(row("snapshot").as_deref(), Some("-"), "{s}");
+        assert_eq!(row("history_revisions").as_deref(), Some("-"), "a documented field missing from the answer: {s}");
+        assert!(s.lines().last().unwrap().starts_with("extra ") && s.ends_with(" true\n"), "undocumented fields come last: {s}");
     }
 
     #[test]

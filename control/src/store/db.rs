@@ -24,7 +24,7 @@ use super::types::NodeId;
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 /// Raft metadata: `vote`, `committed`, `last_purged` → JSON.
 pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
-/// State-machine metadata: `last_applied`, `membership` (JSON).
+/// State-machine metadata: `last_applied`, `membership`, `history_revisions` (JSON).
 pub(crate) const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
 /// The current snapshot: `snapshot_meta` (JSON) and `snapshot_data`. A table of its own because
 /// every apply rewrites `last_applied` in `SM_META`, and redb copies the whole leaf a changed key
@@ -52,6 +52,9 @@ pub(crate) const KEY_LAST_APPLIED: &str = "last_applied";
 pub(crate) const KEY_MEMBERSHIP: &str = "membership";
 pub(crate) const KEY_SNAPSHOT_META: &str = "snapshot_meta";
 pub(crate) const KEY_SNAPSHOT_DATA: &str = "snapshot_data";
+/// The `--history-revisions` this node last started with (a node-local setting, not Raft
+/// state: kept so a restart with another value can say so).
+pub(crate) const KEY_HISTORY_REVISIONS: &str = "history_revisions";
 
 /// Opens (or creates) the state-machine file and makes sure its tables exist, so readers never
 /// see `TableDoesNotExist` on a fresh file.
@@ -257,6 +260,20 @@ pub(crate) fn read_err<E: std::error::Error + 'static>(e: E) -> StorageError<Nod
 /// Wraps any error as an openraft write error.
 pub(crate) fn write_err<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> {
     StorageIOError::write(any(e)).into()
+}
+
+/// Writes one JSON value into a `&str`-keyed metadata table, durably, in a transaction of its
+/// own (for settings written outside the apply path).
+pub(crate) fn write_meta<T: Serialize>(
+    db: &redb::Database,
+    table: TableDefinition<&str, &[u8]>,
+    key: &str,
+    v: &T,
+) -> Result<(), StorageError<NodeId>> {
+    let bytes = to_json(v).map_err(write_err)?;
+    let tx = db.begin_write().map_err(write_err)?;
+    tx.open_table(table).map_err(write_err)?.insert(key, bytes.as_slice()).map_err(write_err)?;
+    tx.commit().map_err(write_err)
 }
 
 /// Reads one JSON value from a `&str`-keyed metadata table.

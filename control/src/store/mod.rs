@@ -110,8 +110,18 @@ impl Store {
     /// How many revisions back the resource history reaches (`--history-revisions`); older
     /// rows are compacted as entries are applied, except each resource's current one. 0 keeps
     /// everything. Default [`DEFAULT_HISTORY_REVISIONS`].
-    pub fn keep_history(&self, revisions: u64) {
+    ///
+    /// The value is remembered in the state file; when it differs from the one the file was
+    /// last opened with, that earlier value is returned, so the caller can warn: lowering it
+    /// compacts history this node kept until now, raising it cannot bring compacted rows back,
+    /// and the other members go on with their own value.
+    pub fn keep_history(&self, revisions: u64) -> Result<Option<u64>, StoreError> {
         self.shared.history_revisions.store(revisions, std::sync::atomic::Ordering::Relaxed);
+        let before: Option<u64> = db::read_meta(&self.db, db::SM_META, db::KEY_HISTORY_REVISIONS)?;
+        if before != Some(revisions) {
+            db::write_meta(&self.db, db::SM_META, db::KEY_HISTORY_REVISIONS, &revisions)?;
+        }
+        Ok(before.filter(|b| *b != revisions))
     }
 
     /// Where the log of the store whose state file is `path` lives.

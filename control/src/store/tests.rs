@@ -697,7 +697,7 @@ async fn a_view_sees_one_revision_while_writes_land() {
 async fn history_is_compacted_to_the_kept_revisions() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path().join("s.redb")).unwrap();
-    store.keep_history(50);
+    assert_eq!(store.keep_history(50).unwrap(), None, "a new file has no earlier value");
     let node = Node::start_single(1, Member::default(), &store, raft_config(1000, 0).unwrap()).await.unwrap();
     let stable = node.write(put("service", "stable", "0", None)).await.unwrap();
     node.write(put("service", "gone", "0", None)).await.unwrap();
@@ -726,11 +726,30 @@ async fn history_is_compacted_to_the_kept_revisions() {
     // Unlimited keeps everything.
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path().join("s.redb")).unwrap();
-    store.keep_history(0);
+    store.keep_history(0).unwrap();
     let node = Node::start_single(1, Member::default(), &store, raft_config(1000, 0).unwrap()).await.unwrap();
     for i in 0..120 {
         node.write(put("service", "busy", &i.to_string(), None)).await.unwrap();
     }
     assert_eq!(node.local().history("service", "busy").unwrap().len(), 120);
     node.shutdown().await.unwrap();
+}
+
+/// A node restarted with another `--history-revisions` learns the value it last ran with (so
+/// `server::start` can warn), and the same value again reports nothing.
+#[test]
+fn a_changed_history_setting_is_reported_on_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.keep_history(500).unwrap(), None);
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.keep_history(500).unwrap(), None, "unchanged");
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.keep_history(20).unwrap(), Some(500), "lowered");
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.keep_history(20).unwrap(), None, "the new value is what is remembered");
 }
