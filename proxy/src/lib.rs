@@ -26,6 +26,7 @@ pub mod config;
 pub mod drain;
 pub mod duration;
 pub mod h1;
+pub mod headers;
 pub mod lb;
 pub mod limit;
 pub mod linger;

@@ -23,6 +23,7 @@ use crate::cluster::{Cluster, Endpoint, Overflow};
 use crate::otlp;
 use crate::outlier::Outcome;
 use crate::h1::{self, SendError};
+use crate::headers;
 use crate::pool::{Conn, ConnectError};
 use crate::retry::{self, Failure};
 use crate::route;
@@ -69,7 +70,7 @@ async fn serve(
     span: &mut Option<otlp::ReqSpan>,
 ) -> Result<Response<RespBody>, Local> {
     // Trace context first, so even a request answered locally gets its server span.
-    let mut trace = telemetry::traceparent(req.headers().get(&TRACEPARENT).map(|v| v.as_bytes()));
+    let mut trace = telemetry::traceparent(headers::find(req.headers(), &TRACEPARENT).map(|v| v.as_bytes()));
     *span = otlp::start(&sh.telemetry, &req, &mut trace, start);
     // 1. Which service: by Host / :authority on this listener.
     let missing = || Local::new(StatusCode::BAD_REQUEST, "missing_host", "the request has no Host header or :authority");
@@ -186,15 +187,15 @@ async fn serve(
     }
     sent.held.hand_over();
     let on_end = finish_on_end(sh, cluster, sent.ep, slot, labels.clone(), start, sent.attempts - 1, &req_parts, ending);
-    let scan = crate::usage::scanned(rparts.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()));
+    let scan = crate::usage::scanned(headers::find(&rparts.headers, &header::CONTENT_TYPE).map(|v| v.as_bytes()));
     Ok(Response::from_parts(rparts, RespBody::upstream(incoming, route.idle_timeout, scan, on_end)))
 }
 
 /// Choose the variant for a request.
 fn assign(exp: &ExperimentRt, h: &HeaderMap) -> usize {
-    let forced = exp.override_header.as_ref().and_then(|n| h.get(n)).and_then(|v| v.to_str().ok());
-    let unit = exp.unit_header.as_ref().and_then(|n| h.get(n)).map(|v| v.as_bytes());
-    let stratum = exp.stratify_header.as_ref().and_then(|n| h.get(n)).and_then(|v| v.to_str().ok());
+    let forced = exp.override_header.as_ref().and_then(|n| headers::find(h, n)).and_then(|v| v.to_str().ok());
+    let unit = exp.unit_header.as_ref().and_then(|n| headers::find(h, n)).map(|v| v.as_bytes());
+    let stratum = exp.stratify_header.as_ref().and_then(|n| headers::find(h, n)).and_then(|v| v.to_str().ok());
     exp.assigner.assign(forced, unit, stratum, rand::random::<u64>).0
 }
 
@@ -230,6 +231,14 @@ pub(crate) struct ReqParts {
     pub variant: Option<HeaderValue>,
     /// The request's trace while OTLP export is on and it is sampled.
     pub span: Option<otlp::ReqSpan>,
+}
+
+/// The request's header map outlives no exchange: its allocation goes to the next upstream
+/// response parsed on this worker ([`headers::recycle`]).
+impl Drop for ReqParts {
+    fn drop(&mut self) {
+        headers::recycle(std::mem::take(&mut self.headers));
+    }
 }
 
 impl ReqParts {
@@ -798,34 +807,49 @@ impl Drop for Counted<'_> {
     }
 }
 
+/// The bytes of a plain host name or IPv4 address (the fast path of [`valid_host`]).
+static HOST_NAME_BYTE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_';
+        c += 1;
+    }
+    t
+};
+
 /// Whether `h` is an authority without userinfo: `host[:port]` (RFC 9110 §7.2). The common
 /// shape (name or IPv4 address, optional numeric port) is checked byte by byte; anything else
 /// (IPv6 literals, percent-encoding, sub-delims) goes to the `http` crate's parser. Routing
 /// and the upstream URI both rely on it: a Host holding `/`, `?`, `#` or `@` would otherwise
 /// let a client choose the path an HTTP/2 upstream sees.
 fn valid_host(h: &str) -> bool {
-    // One pass over the name's bytes and an optional single colon; the port (at most 5
-    // characters) must then read as a u16.
+    // One table lookup per byte of the name, up to a colon; the port is then 1 to 5 digits
+    // that fit in 16 bits.
     let b = h.as_bytes();
-    let mut colon = None;
-    let plain = b.iter().enumerate().all(|(i, &c)| match c {
-        b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => true,
-        b':' if colon.is_none() => {
-            colon = Some(i);
-            true
-        }
-        _ => false,
-    });
-    if plain && match colon {
-        None => !b.is_empty(),
-        Some(i) => i > 0 && b.len() - i <= 6 && h[i + 1..].parse::<u16>().is_ok(),
-    } {
+    let name_len = b.iter().position(|&c| !HOST_NAME_BYTE[c as usize]).unwrap_or(b.len());
+    let plain = name_len > 0
+        && match &b[name_len..] {
+            [] => true,
+            [b':', port @ ..] => {
+                (1..=5).contains(&port.len())
+                    && port.iter().all(u8::is_ascii_digit)
+                    && port.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')) <= u32::from(u16::MAX)
+            }
+            _ => false,
+        };
+    if plain {
         return true;
     }
-    // `http` takes any digits after the colon; a port must also fit in 16 bits.
+    // `http` takes any digits after the colon (and a port reads through `u16::from_str`,
+    // which allows a leading `+`); a port must be digits only and fit in 16 bits.
     let has_port = h[h.rfind(']').map_or(0, |i| i + 1)..].contains(':');
+    let port_ok = |a: &http::uri::Authority| {
+        a.port_u16().is_some() && a.port().is_some_and(|p| p.as_str().bytes().all(|c| c.is_ascii_digit()))
+    };
     !h.contains('@')
-        && http::uri::Authority::try_from(h).is_ok_and(|a| !a.host().is_empty() && (!has_port || a.port_u16().is_some()))
+        && http::uri::Authority::try_from(h).is_ok_and(|a| !a.host().is_empty() && (!has_port || port_ok(&a)))
 }
 
 /// The request's :authority (HTTP/2) or Host header, if present and non-empty (the caller
@@ -834,13 +858,13 @@ fn valid_host(h: &str) -> bool {
 fn authority(req: &Request<Incoming>) -> Option<HeaderValue> {
     let v = match req.uri().authority() {
         Some(a) => HeaderValue::from_str(a.as_str()).ok()?,
-        None => req.headers().get(header::HOST)?.clone(),
+        None => headers::find(req.headers(), &header::HOST)?.clone(),
     };
     (!v.is_empty()).then_some(v)
 }
 
 fn header_str<'a>(h: &'a HeaderMap, name: Option<&HeaderName>) -> Option<&'a str> {
-    name.and_then(|n| h.get(n)).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty())
+    name.and_then(|n| headers::find(h, n)).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty())
 }
 
 /// Headers that describe one hop, not the message; never forwarded (RFC 9110 §7.6.1).
@@ -935,10 +959,10 @@ mod tests {
 
     #[test]
     fn only_authorities_are_valid_hosts() {
-        for ok in ["svc", "svc.ns.svc.cluster.local", "svc:8080", "10.0.0.1:80", "[::1]", "[fe80::1]:443", "a_b"] {
+        for ok in ["svc", "svc.ns.svc.cluster.local", "svc:8080", "10.0.0.1:80", "[::1]", "[fe80::1]:443", "a_b", "svc:65535", "svc:0"] {
             assert!(valid_host(ok), "{ok:?}");
         }
-        for bad in ["", ":80", "svc/x", "svc?", "svc#", "u@svc", "a b", "svc:8080:1", "svc:123456", "svc:99999", "svc:", "svc:8o", "a:b:c", "[::1", "svc\\x"] {
+        for bad in ["", ":80", "svc/x", "svc?", "svc#", "u@svc", "a b", "svc:8080:1", "svc:123456", "svc:99999", "svc:", "svc:8o", "a:b:c", "[::1", "svc\\x", "svc:+80", "svc:65536"] {
             assert!(!valid_host(bad), "{bad:?}");
         }
     }

@@ -53,7 +53,7 @@ impl RouteMatcher {
             PathMatch::Prefix(p) => path.starts_with(p.as_str()),
         };
         path_ok
-            && self.headers.iter().all(|(name, want)| match (headers.get(name), want) {
+            && self.headers.iter().all(|(name, want)| match (crate::headers::find(headers, name), want) {
                 (None, _) => false,
                 (Some(_), None) => true,
                 (Some(got), Some(want)) => got == want,

@@ -231,7 +231,7 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
         // Room beyond what arrived: the proxy adds its own headers to this map, and hyper's
         // server reuses a response's map for the connection's next request, which gets
         // headers added too. Growing a map reallocates it.
-        let mut headers = HeaderMap::with_capacity(count + SPARE_HEADERS);
+        let mut headers = crate::headers::reuse(count + SPARE_HEADERS);
         let mut seen = Framing::default();
         for &(n0, n1, v0, v1) in &spans[..count] {
             let (n0, n1, v0, v1) = (n0 as usize, n1 as usize, v0 as usize, v1 as usize);
