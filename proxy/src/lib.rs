@@ -23,7 +23,6 @@ pub mod breaker;
 pub mod clock;
 pub mod cluster;
 pub mod config;
-pub mod deadline;
 pub mod drain;
 pub mod duration;
 pub mod h1;

@@ -208,7 +208,7 @@ async fn acquire_slot(v: &VariantRt, deadline: Option<Instant>) -> Result<crate:
     };
     let acquired = match deadline {
         None => v.limiter.acquire().await,
-        Some(d) => crate::deadline::within(d, v.limiter.acquire()).await.ok_or_else(|| {
+        Some(d) => tokio::time::timeout_at(d.into(), v.limiter.acquire()).await.map_err(|_| {
             Local::new(StatusCode::GATEWAY_TIMEOUT, "timeout", "route timeout while queued for the variant")
         })?,
     };
@@ -531,7 +531,7 @@ async fn try_once<'a>(
     // room in this future's state next to the copy being awaited, and be copied once more.
     let result = match limit {
         None => exchange(cluster, ep_i, parts, bodies, last).await,
-        Some(l) => crate::deadline::within(l, exchange(cluster, ep_i, parts, bodies, last))
+        Some(l) => tokio::time::timeout_at(l.into(), exchange(cluster, ep_i, parts, bodies, last))
             .await
             .unwrap_or(Err(Attempt::Timeout)),
     };
