@@ -16,6 +16,22 @@ fn put(kind: &str, name: &str, v: &str, expect: Option<u64>) -> Command {
     }
 }
 
+/// Opens the store at `path` once nothing holds it. A test that opened the file's log store by
+/// hand and dropped it still has the log's writer task holding the file for a moment: the task
+/// ends on its own once its queue closes, on another worker thread (a node's shutdown waits for
+/// it; a bare `LogStore` cannot). Waits at most 10 s.
+async fn open_when_free(path: &std::path::Path) -> Store {
+    for _ in 0..1000 {
+        match Store::open(path) {
+            Err(StoreError::Open(redb::Error::DatabaseAlreadyOpen)) => {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await
+            }
+            other => return other.expect("open store"),
+        }
+    }
+    panic!("{} is still held after 10 s", path.display());
+}
+
 fn del(kind: &str, name: &str, expect: Option<u64>) -> Command {
     Command::Delete {
         kind: kind.into(),
@@ -25,7 +41,7 @@ fn del(kind: &str, name: &str, expect: Option<u64>) -> Command {
 }
 
 async fn start(path: &std::path::Path, snapshot_every: u64) -> Node {
-    let store = Store::open(path).expect("open store");
+    let store = open_when_free(path).await;
     let cfg = raft_config(snapshot_every, 0).expect("config");
     Node::start_single(1, Member::default(), &store, cfg)
         .await
@@ -154,7 +170,7 @@ async fn a_restarted_leader_stands_for_election_again_in_a_higher_term() {
     node.write(put("endpoint", "a", "1", None)).await.unwrap();
     node.shutdown().await.unwrap();
 
-    let store = Store::open(&path).unwrap();
+    let store = open_when_free(&path).await;
     let stored = store.log_store().read_vote().await.unwrap().expect("a vote on disk");
     assert!(stored.is_committed(), "the leader's vote is stored committed: {stored}");
     let term = stored.leader_id().term;
@@ -258,7 +274,7 @@ async fn log_is_purged_after_snapshot_and_restart_still_recovers() {
         node.shutdown().await.unwrap();
     }
     // The file itself no longer holds the purged entries.
-    let store = Store::open(&path).unwrap();
+    let store = open_when_free(&path).await;
     let mut log = store.log_store();
     let state = log.get_log_state().await.unwrap();
     let purged = state.last_purged_log_id.expect("purged id persisted").index;
@@ -409,7 +425,7 @@ async fn snapshot_kept_in_the_old_layout_is_moved_on_open() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("old.redb");
     let snap = {
-        let store = Store::open(&path).unwrap();
+        let store = open_when_free(&path).await;
         let node = Node::start_single(1, Member::default(), &store, raft_config(1000, 0).unwrap())
             .await
             .unwrap();
@@ -430,7 +446,7 @@ async fn snapshot_kept_in_the_old_layout_is_moved_on_open() {
         tx.commit().unwrap();
         snap
     };
-    let store = Store::open(&path).unwrap();
+    let store = open_when_free(&path).await;
     let mut sm = store.state_machine();
     let cur = sm.get_current_snapshot().await.unwrap().expect("snapshot survives the upgrade");
     assert_eq!(cur.meta, snap.meta);
@@ -476,7 +492,7 @@ async fn history_in_the_old_layout_is_converted_on_open() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("old.redb");
     {
-        let store = Store::open(&path).unwrap();
+        let store = open_when_free(&path).await;
         let tx = store.db.begin_write().unwrap();
         {
             let mut old = tx.open_table(super::db::OLD_HISTORY).unwrap();
@@ -492,7 +508,7 @@ async fn history_in_the_old_layout_is_converted_on_open() {
         }
         tx.commit().unwrap();
     }
-    let store = Store::open(&path).unwrap();
+    let store = open_when_free(&path).await;
     let sm = store.state_machine();
     let gone = sm.history("s", "gone").unwrap();
     assert_eq!(values(&gone), [Some("1"), Some("2"), None]);
@@ -511,7 +527,7 @@ async fn single_file_store_is_split_on_open() {
         let rev = node.write(put("service", "chat", r#"{"v":1}"#, None)).await.unwrap();
         node.shutdown().await.unwrap();
         // Rewrite into the old layout: the log tables inside the state file, no log file.
-        let store = Store::open(&path).unwrap();
+        let store = open_when_free(&path).await;
         let mut log = store.log_store();
         let entries = log.try_get_log_entries(..).await.unwrap();
         let vote = log.read_vote().await.unwrap();
@@ -525,7 +541,7 @@ async fn single_file_store_is_split_on_open() {
     std::fs::remove_file(Store::log_path(&path)).unwrap();
 
     {
-        let store = Store::open(&path).unwrap();
+        let store = open_when_free(&path).await;
         assert!(Store::log_path(&path).exists(), "the log has a file of its own");
         let mut log = store.log_store();
         assert!(entries.len() >= 3, "{entries:?}");
@@ -643,7 +659,7 @@ async fn replication_reads_are_bounded_in_bytes() {
         node.write(put("service", &format!("s{i}"), &big, None)).await.unwrap();
     }
     node.shutdown().await.unwrap();
-    let store = Store::open(&path).unwrap();
+    let store = open_when_free(&path).await;
     let mut log = store.log_store();
     let all = log.try_get_log_entries(..).await.unwrap();
     let (first, end) = (all[0].log_id.index, all.last().unwrap().log_id.index + 1);
