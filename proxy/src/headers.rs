@@ -23,6 +23,8 @@ pub fn find<'a>(h: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> 
 
 /// How many emptied maps each worker thread keeps for reuse.
 const SPARE_MAPS: usize = 8;
+/// A map with room for more headers than this is freed rather than kept.
+const LARGEST_KEPT: usize = 64;
 
 thread_local! {
     static SPARE: RefCell<Vec<HeaderMap>> = const { RefCell::new(Vec::new()) };
@@ -34,7 +36,7 @@ thread_local! {
 /// table and its entries). At most [`SPARE_MAPS`] are kept; a map grown large (a request with
 /// many headers) is freed instead, so the spares stay small.
 pub fn recycle(mut h: HeaderMap) {
-    if h.capacity() == 0 || h.capacity() > 64 {
+    if h.capacity() == 0 || h.capacity() > LARGEST_KEPT {
         return;
     }
     h.clear();

@@ -825,31 +825,32 @@ static HOST_NAME_BYTE: [bool; 256] = {
 /// and the upstream URI both rely on it: a Host holding `/`, `?`, `#` or `@` would otherwise
 /// let a client choose the path an HTTP/2 upstream sees.
 fn valid_host(h: &str) -> bool {
-    // One table lookup per byte of the name, up to a colon; the port is then 1 to 5 digits
-    // that fit in 16 bits.
+    // One table lookup per byte of the name, up to a colon; then an optional port.
     let b = h.as_bytes();
     let name_len = b.iter().position(|&c| !HOST_NAME_BYTE[c as usize]).unwrap_or(b.len());
     let plain = name_len > 0
         && match &b[name_len..] {
             [] => true,
-            [b':', port @ ..] => {
-                (1..=5).contains(&port.len())
-                    && port.iter().all(u8::is_ascii_digit)
-                    && port.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')) <= u32::from(u16::MAX)
-            }
+            [b':', port @ ..] => is_port(port),
             _ => false,
         };
     if plain {
         return true;
     }
-    // `http` takes any digits after the colon (and a port reads through `u16::from_str`,
-    // which allows a leading `+`); a port must be digits only and fit in 16 bits.
+    // `http` takes any digits after the colon (and its `port_u16` reads through
+    // `u16::from_str`, which allows a leading `+`): the port is checked here as on the fast path.
     let has_port = h[h.rfind(']').map_or(0, |i| i + 1)..].contains(':');
-    let port_ok = |a: &http::uri::Authority| {
-        a.port_u16().is_some() && a.port().is_some_and(|p| p.as_str().bytes().all(|c| c.is_ascii_digit()))
-    };
     !h.contains('@')
-        && http::uri::Authority::try_from(h).is_ok_and(|a| !a.host().is_empty() && (!has_port || port_ok(&a)))
+        && http::uri::Authority::try_from(h).is_ok_and(|a| {
+            !a.host().is_empty() && (!has_port || a.port().is_some_and(|p| is_port(p.as_str().as_bytes())))
+        })
+}
+
+/// A port: one or more digits, at most 65535 in value (leading zeros allowed).
+fn is_port(p: &[u8]) -> bool {
+    !p.is_empty()
+        && p.iter().all(u8::is_ascii_digit)
+        && p.iter().try_fold(0u32, |n, d| n.checked_mul(10)?.checked_add(u32::from(d - b'0'))).is_some_and(|n| n <= u32::from(u16::MAX))
 }
 
 /// The request's :authority (HTTP/2) or Host header, if present and non-empty (the caller
