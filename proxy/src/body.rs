@@ -122,7 +122,7 @@ pin_project_lite::pin_project! {
     #[project = ReqProj]
     pub enum ReqBody {
         Full { data: Option<Bytes> },
-        Stream { #[pin] inner: Incoming, recorder: Option<Arc<Recorder>> },
+        Stream { #[pin] inner: DownBody, recorder: Option<Arc<Recorder>> },
     }
 }
 
@@ -131,16 +131,16 @@ impl ReqBody {
         ReqBody::Full { data: (!data.is_empty()).then_some(data) }
     }
 
-    pub fn stream(inner: Incoming, recorder: Option<Arc<Recorder>>) -> ReqBody {
+    pub fn stream(inner: DownBody, recorder: Option<Arc<Recorder>>) -> ReqBody {
         ReqBody::Stream { inner, recorder }
     }
 }
 
 impl Body for ReqBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project() {
             ReqProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             ReqProj::Stream { mut inner, recorder } => {
@@ -203,6 +203,35 @@ pub enum End {
 /// stream showed (first byte, token usage).
 pub type OnEnd = Box<dyn FnOnce(End, StreamInfo) + Send>;
 
+/// `Body` for an enum whose every variant holds a body of `Bytes`: each call goes to the
+/// variant's own body, errors boxed.
+macro_rules! either_body {
+    ($name:ident { $($v:ident),+ }) => {
+        impl Body for $name {
+            type Data = Bytes;
+            type Error = BoxError;
+
+            fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+                match self.get_mut() {
+                    $($name::$v(b) => Pin::new(b).poll_frame(cx).map_err(BoxError::from),)+
+                }
+            }
+
+            fn is_end_stream(&self) -> bool {
+                match self {
+                    $($name::$v(b) => b.is_end_stream(),)+
+                }
+            }
+
+            fn size_hint(&self) -> SizeHint {
+                match self {
+                    $($name::$v(b) => b.size_hint(),)+
+                }
+            }
+        }
+    };
+}
+
 /// A response body as it comes from upstream: read from weft's own HTTP/1.1 connection, or
 /// from a hyper HTTP/2 stream.
 pub enum UpBody {
@@ -210,29 +239,21 @@ pub enum UpBody {
     H2(Incoming),
 }
 
-impl Body for UpBody {
-    type Data = Bytes;
-    type Error = BoxError;
+either_body!(UpBody { H1, H2 });
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            UpBody::H1(b) => Pin::new(b).poll_frame(cx).map_err(BoxError::from),
-            UpBody::H2(b) => Pin::new(b).poll_frame(cx).map_err(BoxError::from),
-        }
-    }
+/// A request body as it comes from downstream: none, read by weft's own HTTP/1.1 server, or
+/// from a hyper HTTP/2 stream.
+pub enum DownBody {
+    Empty(http_body_util::Empty<Bytes>),
+    H1(crate::h1::server::Body),
+    H2(Incoming),
+}
 
-    fn is_end_stream(&self) -> bool {
-        match self {
-            UpBody::H1(b) => b.is_end_stream(),
-            UpBody::H2(b) => b.is_end_stream(),
-        }
-    }
+either_body!(DownBody { Empty, H1, H2 });
 
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            UpBody::H1(b) => b.size_hint(),
-            UpBody::H2(b) => b.size_hint(),
-        }
+impl DownBody {
+    pub fn empty() -> DownBody {
+        DownBody::Empty(http_body_util::Empty::new())
     }
 }
 

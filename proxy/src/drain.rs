@@ -4,7 +4,7 @@
 //! (about four times per request): callgrind put it at ≈560 instructions per proxied request,
 //! 1.5% of weft's whole request path. Here a connection reads one atomic flag per poll and
 //! hands its task's waker over once, on its first poll; `shutdown` sets the flag and wakes
-//! every connection, which then asks hyper to finish its in-flight requests and close.
+//! every connection, which then finishes its in-flight requests and closes.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -13,7 +13,40 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use hyper_util::server::graceful::GracefulConnection as Graceful;
+/// A connection that can be asked to finish its in-flight exchanges and close.
+pub trait Graceful: Future {
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+pin_project_lite::pin_project! {
+    /// A connection's future with the flag it checks between exchanges: set by
+    /// [`Graceful::graceful_shutdown`], which then polls it (see [`Watched`]).
+    pub struct Closable<F> {
+        #[pin]
+        fut: F,
+        closing: Arc<AtomicBool>,
+    }
+}
+
+impl<F> Closable<F> {
+    pub fn new(fut: F, closing: Arc<AtomicBool>) -> Closable<F> {
+        Closable { fut, closing }
+    }
+}
+
+impl<F: Future> Future for Closable<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.project().fut.poll(cx)
+    }
+}
+
+impl<F: Future> Graceful for Closable<F> {
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.closing.store(true, Ordering::Release);
+    }
+}
 
 /// The connections of one worker.
 #[derive(Default)]

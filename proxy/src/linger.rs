@@ -1,7 +1,7 @@
 //! Lingering close of downstream connections.
 //!
 //! When the proxy answers before the request body has arrived (a 404 for an unknown host, a 503
-//! shed, a 413 from the upstream), hyper closes the connection with the rest of the body unread,
+//! shed, a 413 from the upstream), the connection closes with the rest of the body unread,
 //! and closing a socket whose receive queue holds data makes the kernel send a reset instead of
 //! a FIN. A client that writes its whole request before reading (Python's `http.client` and
 //! urllib3 do) then fails in the middle of its write and never sees the answer (RFC 9112 §9.6).
@@ -65,28 +65,49 @@ impl AsyncWrite for Lingering {
             ready!(Pin::new(&mut this.tcp).poll_shutdown(cx))?;
         }
         let until = this.until.get_or_insert_with(|| Box::pin(tokio::time::sleep(LINGER_CLOSE)));
-        let mut scratch = [0u8; 16 * 1024];
-        // At most 1 MiB per poll, so a client that keeps sending cannot hold the worker.
-        let mut budget_spent = true;
-        for _ in 0..64 {
-            let mut buf = ReadBuf::new(&mut scratch);
-            match Pin::new(&mut this.tcp).poll_read(cx, &mut buf) {
-                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
-                Poll::Ready(Ok(())) => {}
-                // A reset from the client ends it as well as a FIN.
-                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
-                Poll::Pending => {
-                    budget_spent = false;
-                    break;
-                }
+        poll_drop_input(&this.tcp, until.as_mut(), cx).map(Ok)
+    }
+}
+
+/// Close `tcp` lingering, as [`Lingering`]'s shutdown does, for a socket shared with others
+/// (weft's HTTP/1.1 server: a request body may still hold it). The socket closes once the
+/// last holder drops it.
+pub async fn close(tcp: &TcpStream) {
+    if socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write).is_err() {
+        return;
+    }
+    let mut until = Box::pin(tokio::time::sleep(LINGER_CLOSE));
+    std::future::poll_fn(|cx| poll_drop_input(tcp, until.as_mut(), cx)).await;
+}
+
+/// Read and drop what the client sends until its EOF, an error, or `until`.
+fn poll_drop_input(tcp: &TcpStream, until: Pin<&mut tokio::time::Sleep>, cx: &mut Context<'_>) -> Poll<()> {
+    let mut scratch = [0u8; 16 * 1024];
+    // At most 1 MiB per poll, so a client that keeps sending cannot hold the worker.
+    let mut budget_spent = true;
+    for _ in 0..64 {
+        match tcp.poll_read_ready(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(_)) => return Poll::Ready(()),
+            Poll::Pending => {
+                budget_spent = false;
+                break;
             }
         }
-        if until.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Ok(()));
+        match tcp.try_read(&mut scratch) {
+            // EOF; a reset from the client ends it as well as a FIN.
+            Ok(0) => return Poll::Ready(()),
+            Ok(_) => {}
+            // Readiness is cleared: the next round waits for more.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Poll::Ready(()),
         }
-        if budget_spent {
-            cx.waker().wake_by_ref();
-        }
-        Poll::Pending
     }
+    if until.poll(cx).is_ready() {
+        return Poll::Ready(());
+    }
+    if budget_spent {
+        cx.waker().wake_by_ref();
+    }
+    Poll::Pending
 }

@@ -11,12 +11,11 @@
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
-use hyper::body::Incoming;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use crate::body::{End, Recorder, ReqBody, RespBody, UpBody};
+use crate::body::{DownBody, End, Recorder, ReqBody, RespBody, UpBody};
 use crate::breaker::Admit;
 use crate::clock::{self, now_ms};
 use crate::cluster::{Cluster, Endpoint, Overflow};
@@ -37,7 +36,7 @@ static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// Handle one downstream request on listener `li`. Never fails: errors become local responses
 /// (the `Result` is the shape hyper's service wants).
-pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<Incoming>) -> Result<Response<RespBody>, std::convert::Infallible> {
+pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<DownBody>) -> Result<Response<RespBody>, std::convert::Infallible> {
     let start = Instant::now();
     let snap = sh.snapshot.load_full();
     let version = req.version();
@@ -64,7 +63,7 @@ async fn serve(
     sh: &Arc<Shared>,
     snap: &Arc<Snapshot>,
     li: usize,
-    req: Request<Incoming>,
+    req: Request<DownBody>,
     start: Instant,
     labels: &mut Labels,
     span: &mut Option<otlp::ReqSpan>,
@@ -305,11 +304,11 @@ pub(crate) async fn send(
 /// The request body, as it is before the first try.
 pub(crate) enum Prepared {
     Empty,
-    Stream { body: Incoming, recorder: Option<Arc<Recorder>> },
+    Stream { body: DownBody, recorder: Option<Arc<Recorder>> },
 }
 
 impl Prepared {
-    fn new(body: Incoming, record_limit: usize) -> Prepared {
+    fn new(body: DownBody, record_limit: usize) -> Prepared {
         use http_body::Body;
         if body.is_end_stream() {
             return Prepared::Empty;
@@ -856,7 +855,7 @@ fn is_port(p: &[u8]) -> bool {
 /// The request's :authority (HTTP/2) or Host header, if present and non-empty (the caller
 /// checks it is visible ASCII). A Host header is shared with the request (no copy): this runs
 /// on every request.
-fn authority(req: &Request<Incoming>) -> Option<HeaderValue> {
+fn authority(req: &Request<DownBody>) -> Option<HeaderValue> {
     let v = match req.uri().authority() {
         Some(a) => HeaderValue::from_str(a.as_str()).ok()?,
         None => headers::find(req.headers(), &header::HOST)?.clone(),

@@ -3,18 +3,28 @@
 //! measured faster than one multi-thread runtime. A separate control thread runs the admin
 //! API, the reloader and periodic upkeep, so they never compete with the data path's runtime.
 
+use bytes::{Bytes, BytesMut};
+use http::Request;
+use hyper::body::Incoming;
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use socket2::{Domain, Protocol, Socket, Type};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::drain::Drain;
+use crate::body::DownBody;
+use crate::drain::{Closable, Drain};
 use crate::snapshot::Snapshot;
 use crate::telemetry::Telemetry;
 use crate::Shared;
@@ -236,35 +246,108 @@ fn run_worker(id: usize, sh: Arc<Shared>, sockets: Vec<std::net::TcpListener>) {
 
 fn serve_conn(sh: &Arc<Shared>, drain: &Drain, li: usize, stream: tokio::net::TcpStream) {
     let _ = stream.set_nodelay(true);
-    let (max_header, header_timeout) = {
+    let settings = {
         let snap = sh.snapshot.load();
         let l = &snap.config.listeners[li];
-        (l.max_header_bytes, l.header_read_timeout.non_zero())
+        crate::h1::server::Settings { max_head: l.max_header_bytes, header_timeout: l.header_read_timeout.non_zero() }
     };
-    let sh2 = sh.clone();
-    // `handle`'s own future, not one wrapped in an async block: hyper moves it into the
-    // connection's slot once per request, and every layer adds the request's size to it.
-    let svc = service_fn(move |req| crate::proxy::handle(sh2.clone(), li, req));
-    let mut b = auto::Builder::new(TokioExecutor::new());
-    let mut h1 = b.http1();
-    // Responses go out flattened into one buffer and one write(2), not a writev(2) of head
-    // and body: hyper copies the body (usually small) in user space, and the kernel's send
-    // path costs less for one buffer: −6 to −12 % CPU per request (bench/README, stop 25).
-    h1.max_buf_size(max_header.max(8192)).keep_alive(true).writev(false);
-    // Without a timer hyper arms no per-request header timeout.
-    if let Some(t) = header_timeout {
-        h1.timer(TokioTimer::new()).header_read_timeout(t);
-    }
-    b.http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(max_header as u32)
-        .max_concurrent_streams(1024);
-    // Closed lingering, so a client still uploading reads an early answer (see `linger`).
-    let conn = b.serve_connection(TokioIo::new(crate::linger::Lingering::new(stream)), svc).into_owned();
-    let fut = drain.watch(conn);
-    tokio::spawn(async move {
-        if let Err(e) = fut.await {
-            tracing::debug!(error = %e, "downstream connection ended with an error");
+    let closing = Arc::new(AtomicBool::new(false));
+    let conn = drain.watch(Closable::new(downstream(sh.clone(), li, stream, settings, closing.clone()), closing));
+    tokio::spawn(conn);
+}
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4): a client speaking h2c with prior knowledge
+/// opens with it.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Serve one downstream connection: HTTP/2 if it opens with the preface (on hyper), else
+/// HTTP/1.1 (weft's own server, [`crate::h1::server`]).
+async fn downstream(sh: Arc<Shared>, li: usize, mut tcp: TcpStream, settings: crate::h1::server::Settings, closing: Arc<AtomicBool>) {
+    let mut first = BytesMut::with_capacity(8 * 1024);
+    // Read until the bytes can no longer be the preface's start, or are all of it.
+    let sniff = async {
+        loop {
+            match tcp.read_buf(&mut first).await {
+                Ok(0) | Err(_) => return false,
+                Ok(_) => {}
+            }
+            let n = first.len().min(H2_PREFACE.len());
+            if first[..n] != H2_PREFACE[..n] || n == H2_PREFACE.len() {
+                return true;
+            }
         }
+    };
+    let got = match settings.header_timeout {
+        Some(t) => tokio::time::timeout(t, sniff).await.unwrap_or(false),
+        None => sniff.await,
+    };
+    if !got {
+        return;
+    }
+    if first.starts_with(H2_PREFACE) {
+        serve_h2(sh, li, tcp, first.freeze(), settings.max_head, closing).await;
+    } else {
+        crate::h1::server::serve(sh, li, tcp, first, settings, closing).await;
+    }
+}
+
+async fn serve_h2(sh: Arc<Shared>, li: usize, tcp: TcpStream, read: Bytes, max_head: usize, closing: Arc<AtomicBool>) {
+    let svc = service_fn(move |req: Request<Incoming>| crate::proxy::handle(sh.clone(), li, req.map(DownBody::H2)));
+    let mut b = http2::Builder::new(TokioExecutor::new());
+    b.timer(TokioTimer::new()).max_header_list_size(max_head as u32).max_concurrent_streams(1024);
+    // Closed lingering, so a client still uploading reads an early answer (see `linger`).
+    let io = Rewind { read, io: crate::linger::Lingering::new(tcp) };
+    let conn = b.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let mut asked = false;
+    let done = std::future::poll_fn(|cx| {
+        if !asked && closing.load(Ordering::Acquire) {
+            asked = true;
+            conn.as_mut().graceful_shutdown();
+        }
+        conn.as_mut().poll(cx)
     });
+    if let Err(e) = done.await {
+        tracing::debug!(error = %e, "downstream connection ended with an error");
+    }
+}
+
+/// A socket with the bytes already read from it (while looking for the HTTP/2 preface) put
+/// back in front.
+struct Rewind {
+    read: Bytes,
+    io: crate::linger::Lingering,
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if !self.read.is_empty() {
+            let n = self.read.len().min(buf.remaining());
+            buf.put_slice(&self.read.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }

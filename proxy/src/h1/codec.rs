@@ -102,7 +102,7 @@ pub fn encode_request_head(out: &mut Vec<u8>, head: &ReqHead<'_>, framing: ReqFr
     out.extend_from_slice(b"\r\n");
 }
 
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+pub(super) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
@@ -146,7 +146,7 @@ pub fn chunked_end(trailers: Option<&HeaderMap>, allowed: &[HeaderName]) -> Vec<
 }
 
 /// Fields never sent as trailers (RFC 9110 §6.5.1; hyper's list).
-fn allowed_trailer(name: &HeaderName) -> bool {
+pub(super) fn allowed_trailer(name: &HeaderName) -> bool {
     use header::*;
     ![AUTHORIZATION, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HOST, MAX_FORWARDS, SET_COOKIE, TRAILER, TRANSFER_ENCODING, TE]
         .contains(name)
@@ -210,15 +210,8 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
         let code = resp.code.unwrap_or(0);
         let status = StatusCode::from_u16(code).map_err(|_| ParseError(format!("status {code}")))?;
         let version = if resp.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
-        // Offsets of every name and value, so they can point into the frozen head below.
-        let base = buf.as_ptr() as usize;
         let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
-        let count = resp.headers.len();
-        for (slot, h) in spans.iter_mut().zip(resp.headers.iter()) {
-            let n = (h.name.as_ptr() as usize - base) as u32;
-            let v = (h.value.as_ptr() as usize - base) as u32;
-            *slot = (n, n + h.name.len() as u32, v, v + h.value.len() as u32);
-        }
+        let count = spans_of(buf, resp.headers, &mut spans);
         // A reason phrase other than the status's own goes on downstream as it came.
         let reason = resp.reason.filter(|r| !r.is_empty() && Some(*r) != status.canonical_reason()).map(|r| Bytes::copy_from_slice(r.as_bytes()));
         let head = buf.split_to(len).freeze();
@@ -232,14 +225,7 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
         // server reuses a response's map for the connection's next request, which gets
         // headers added too. Growing a map reallocates it.
         let mut headers = crate::headers::reuse(count + SPARE_HEADERS);
-        let mut seen = Framing::default();
-        for &(n0, n1, v0, v1) in &spans[..count] {
-            let (n0, n1, v0, v1) = (n0 as usize, n1 as usize, v0 as usize, v1 as usize);
-            let name = HeaderName::from_bytes(&head[n0..n1]).map_err(|_| ParseError("invalid header name".into()))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(v0..v1)).map_err(|_| ParseError(format!("invalid value of header {name}")))?;
-            seen.note(&name, &value);
-            headers.append(name, value);
-        }
+        let seen = fill_headers(&head, &spans[..count], &mut headers).map_err(ParseError)?;
         let framing = seen.framing(status, version, head_request)?;
         if seen.both_framings() {
             headers.remove(header::CONTENT_LENGTH);
@@ -249,17 +235,50 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
     }
 }
 
-/// What a response's headers say about its framing and its connection, noted as the headers
+/// Where a header's name and value lie in its message head: (name start, name end, value
+/// start, value end).
+pub(super) type Span = (u32, u32, u32, u32);
+
+/// The [`Span`] of each header httparse found in `buf`, so that the map built once the head is
+/// frozen shares its memory. Returns how many there are.
+pub(super) fn spans_of(buf: &[u8], headers: &[httparse::Header<'_>], out: &mut [Span; MAX_HEADERS]) -> usize {
+    let base = buf.as_ptr() as usize;
+    for (slot, h) in out.iter_mut().zip(headers) {
+        let n = (h.name.as_ptr() as usize - base) as u32;
+        let v = (h.value.as_ptr() as usize - base) as u32;
+        *slot = (n, n + h.name.len() as u32, v, v + h.value.len() as u32);
+    }
+    headers.len()
+}
+
+/// Append the headers at `spans` of the frozen `head` (parsed by httparse) to `headers`
+/// (values share `head`), noting what they say about framing and the connection. `Err` names
+/// what is wrong.
+pub(super) fn fill_headers(head: &Bytes, spans: &[Span], headers: &mut HeaderMap) -> Result<Framing, String> {
+    let mut seen = Framing::default();
+    for &(n0, n1, v0, v1) in spans {
+        let (n0, n1, v0, v1) = (n0 as usize, n1 as usize, v0 as usize, v1 as usize);
+        let name = HeaderName::from_bytes(&head[n0..n1]).map_err(|_| "invalid header name".to_string())?;
+        let value = HeaderValue::from_maybe_shared(head.slice(v0..v1)).map_err(|_| format!("invalid value of header {name}"))?;
+        seen.note(&name, &value);
+        headers.append(name, value);
+    }
+    Ok(seen)
+}
+
+/// What a message's headers say about its framing and its connection, noted as the headers
 /// are read (so none is looked up again).
 #[derive(Default)]
-struct Framing {
-    transfer_encoding: bool,
+pub(super) struct Framing {
+    pub(super) transfer_encoding: bool,
     /// The last `transfer-encoding` coding is `chunked`.
-    chunked: bool,
+    pub(super) chunked: bool,
     /// Every `content-length` value seen agrees (RFC 9110 §8.6); `Err` once one does not.
-    length: Option<Result<u64, ()>>,
-    close: bool,
-    keep_alive: bool,
+    pub(super) length: Option<Result<u64, ()>>,
+    pub(super) close: bool,
+    pub(super) keep_alive: bool,
+    /// `expect: 100-continue` (requests only).
+    pub(super) expect_continue: bool,
 }
 
 impl Framing {
@@ -279,6 +298,8 @@ impl Framing {
                 self.close |= token.eq_ignore_ascii_case(b"close");
                 self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
             }
+        } else if name == header::EXPECT {
+            self.expect_continue = value.as_bytes().trim_ascii().eq_ignore_ascii_case(b"100-continue");
         }
     }
 
@@ -302,19 +323,19 @@ impl Framing {
 
     /// Whether the connection stays open after this response (RFC 9112 §9.3): a `close`
     /// anywhere wins; HTTP/1.0 persists only when asked to.
-    fn persists(&self, version: Version) -> bool {
+    pub(super) fn persists(&self, version: Version) -> bool {
         !self.close && (version != Version::HTTP_10 || self.keep_alive)
     }
 
     /// Both `transfer-encoding` and `content-length`: the coding frames the body, and the
     /// length must not be forwarded (RFC 9112 §6.3); the connection is not reused after it.
-    fn both_framings(&self) -> bool {
+    pub(super) fn both_framings(&self) -> bool {
         self.transfer_encoding && self.length.is_some()
     }
 }
 
 /// One `content-length` value: digits, or a comma-separated list of equal ones.
-fn parse_length(v: &[u8]) -> Result<u64, ()> {
+pub(super) fn parse_length(v: &[u8]) -> Result<u64, ()> {
     let mut found = None;
     for part in v.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
         if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {

@@ -22,6 +22,8 @@
 //! Framing rules (pure) are in [`codec`].
 
 pub mod codec;
+pub mod request;
+pub mod server;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, Method, Response};

@@ -1,0 +1,363 @@
+//! The server side of HTTP/1.1 framing, without IO: request heads read from downstream clients
+//! (RFC 9112 §2–§6: request line, headers, how the body is delimited, whether the connection
+//! persists), and the response heads written back to them. The client side is [`super::codec`],
+//! whose header and body code this shares.
+
+use bytes::BytesMut;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, StatusCode, Uri, Version};
+use std::mem::MaybeUninit;
+
+use super::codec::{self, MAX_HEADERS, RespFraming, Span};
+
+/// Room for headers added to a parsed request's map (trace context, variant, forwarded-for).
+const SPARE_HEADERS: usize = 4;
+
+/// A parsed request head.
+#[derive(Debug)]
+pub struct ReqHead {
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
+    pub headers: HeaderMap,
+    /// How the body is delimited; `None`: the request has no body.
+    pub body: Option<RespFraming>,
+    /// The client lets the connection carry another request after this one.
+    pub keep_alive: bool,
+    /// The client waits for `100 Continue` before it sends the body.
+    pub expect_continue: bool,
+}
+
+/// Why a request head is refused: the status to answer with, and what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    pub status: StatusCode,
+    pub why: String,
+}
+
+fn bad<T>(why: impl Into<String>) -> Result<T, Reject> {
+    Err(Reject { status: StatusCode::BAD_REQUEST, why: why.into() })
+}
+
+fn too_large<T>(why: impl Into<String>) -> Result<T, Reject> {
+    Err(Reject { status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, why: why.into() })
+}
+
+/// Parse a request head from the front of `buf`, consuming it. `Ok(None)`: more bytes are
+/// needed (and fewer than `max_head` arrived). Empty lines before the request line are skipped
+/// (RFC 9112 §2.2). Header values share `buf`'s memory.
+pub fn parse_request(buf: &mut BytesMut, max_head: usize) -> Result<Option<ReqHead>, Reject> {
+    let blank = buf.iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
+    if blank > 0 {
+        let _ = buf.split_to(blank);
+    }
+    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(&mut req, buf, &mut slots) {
+        Ok(httparse::Status::Complete(n)) if n > max_head => return too_large(format!("request head of {n} bytes, above {max_head}")),
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() >= max_head => return too_large(format!("request head above {max_head} bytes")),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return too_large(format!("more than {MAX_HEADERS} headers")),
+        Err(e) => return bad(e.to_string()),
+    };
+    let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes()).map_err(|_| Reject { status: StatusCode::BAD_REQUEST, why: "invalid method".into() })?;
+    let version = if req.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
+    let target = req.path.unwrap_or_default();
+    let (t0, t1) = {
+        let start = target.as_ptr() as usize - buf.as_ptr() as usize;
+        (start, start + target.len())
+    };
+    let mut spans: [Span; MAX_HEADERS] = [(0, 0, 0, 0); MAX_HEADERS];
+    let count = codec::spans_of(buf, req.headers, &mut spans);
+    let head = buf.split_to(len).freeze();
+    let uri = Uri::from_maybe_shared(head.slice(t0..t1)).map_err(|_| Reject { status: StatusCode::BAD_REQUEST, why: "invalid request target".into() })?;
+    let mut headers = crate::headers::reuse(count + SPARE_HEADERS);
+    let seen = codec::fill_headers(&head, &spans[..count], &mut headers).map_err(|why| Reject { status: StatusCode::BAD_REQUEST, why })?;
+    // RFC 9112 §6.3: a transfer coding frames the body, and only chunked, last, can; with a
+    // content-length beside it the length goes (it could smuggle a second request) and the
+    // connection closes after this exchange.
+    let body = if seen.transfer_encoding {
+        if version == Version::HTTP_10 {
+            return bad("transfer-encoding in an HTTP/1.0 request");
+        }
+        if !seen.chunked {
+            return bad("transfer-encoding whose last coding is not chunked");
+        }
+        if seen.both_framings() {
+            headers.remove(header::CONTENT_LENGTH);
+        }
+        Some(RespFraming::Chunked)
+    } else {
+        match seen.length {
+            None | Some(Ok(0)) => None,
+            Some(Ok(n)) => Some(RespFraming::Length(n)),
+            Some(Err(())) => return bad("invalid content-length"),
+        }
+    };
+    let keep_alive = seen.persists(version) && !seen.both_framings();
+    let expect_continue = seen.expect_continue && version == Version::HTTP_11 && body.is_some();
+    Ok(Some(ReqHead { method, uri, version, headers, body, keep_alive, expect_continue }))
+}
+
+/// How a response body goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Out {
+    /// No body bytes at all (HEAD, 204, 304), whatever the headers say.
+    None,
+    Length(u64),
+    Chunked,
+    /// Until the connection closes (an HTTP/1.0 client, length unknown).
+    Close,
+}
+
+/// Choose a response's framing: the body's exact length (`exact`) when it knows it, written
+/// as our own `content-length` (any the headers carry is dropped, so the length sent is the
+/// one the body has); else a valid `content-length` the response carries; else chunked for
+/// HTTP/1.1 clients and the connection's close for 1.0. Returns the framing and whether
+/// `content-length` / `transfer-encoding` must be added.
+pub fn response_framing(status: StatusCode, headers: &HeaderMap, head_request: bool, version: Version, exact: Option<u64>) -> (Out, bool) {
+    let bodiless = status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED || status.is_informational();
+    if head_request || bodiless {
+        return (Out::None, false);
+    }
+    if let Some(n) = exact {
+        return (Out::Length(n), true);
+    }
+    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+    if let Some(first) = values.next()
+        && let Ok(n) = codec::parse_length(first.as_bytes())
+        && values.all(|v| codec::parse_length(v.as_bytes()) == Ok(n))
+    {
+        return (Out::Length(n), false);
+    }
+    match version {
+        Version::HTTP_10 => (Out::Close, false),
+        _ => (Out::Chunked, true),
+    }
+}
+
+/// Append a response head: the status line (`reason` when the upstream sent its own), the
+/// headers except framing and connection ones, which are written here: the `framing` header
+/// when `add_framing`, `connection: close` when the connection ends after this response (or
+/// `keep-alive` for an HTTP/1.0 client that keeps it), and `date` when absent.
+pub fn encode_response_head(out: &mut Vec<u8>, resp: &RespHead<'_>, framing: Out, add_framing: bool, keep_alive: bool) {
+    let size: usize = resp.headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    out.reserve(size + 128);
+    out.extend_from_slice(if resp.version == Version::HTTP_10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
+    out.extend_from_slice(resp.status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(resp.reason.unwrap_or(resp.status.canonical_reason().unwrap_or("<unknown status code>").as_bytes()));
+    out.extend_from_slice(b"\r\n");
+    let mut date = false;
+    // A content-length that frames the body is kept; any other is dropped (ours replaces it).
+    let keep_length = !add_framing && matches!(framing, Out::Length(_));
+    for (k, v) in resp.headers {
+        if k == header::TRANSFER_ENCODING || k == header::CONNECTION || k == "keep-alive" {
+            continue;
+        }
+        if k == header::CONTENT_LENGTH && !keep_length && framing != Out::None {
+            continue;
+        }
+        date |= k == header::DATE;
+        out.extend_from_slice(k.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if add_framing {
+        match framing {
+            Out::Length(n) => {
+                out.extend_from_slice(b"content-length: ");
+                codec::push_decimal(out, n);
+                out.extend_from_slice(b"\r\n");
+            }
+            Out::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+            Out::None | Out::Close => {}
+        }
+    }
+    match (keep_alive, resp.version) {
+        (false, Version::HTTP_11) => out.extend_from_slice(b"connection: close\r\n"),
+        (true, Version::HTTP_10) => out.extend_from_slice(b"connection: keep-alive\r\n"),
+        _ => {}
+    }
+    if !date {
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(&http_date());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The parts of a response its head is written from.
+pub struct RespHead<'a> {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: &'a HeaderMap,
+    /// The upstream's own reason phrase, when it was not the status's canonical one.
+    pub reason: Option<&'a [u8]>,
+}
+
+/// The current time as an HTTP date, formatted once per second per thread: a response that
+/// did not come with a `date` gets one (RFC 9110 §6.6.1), and formatting it costs more than
+/// the rest of a small head.
+fn http_date() -> [u8; 29] {
+    use std::cell::Cell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    thread_local! {
+        static CACHED: Cell<(u64, [u8; 29])> = const { Cell::new((u64::MAX, [0; 29])) };
+    }
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    CACHED.with(|c| {
+        let (at, text) = c.get();
+        if at == secs {
+            return text;
+        }
+        let mut fresh = [0u8; 29];
+        let s = httpdate::fmt_http_date(now);
+        fresh.copy_from_slice(&s.as_bytes()[..29]);
+        c.set((secs, fresh));
+        fresh
+    })
+}
+
+/// The interim response a client that sent `expect: 100-continue` waits for.
+pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// A refused request's answer: its status, a JSON body naming what was wrong, and the
+/// connection's close (nothing after a malformed head can be trusted to be a request).
+pub fn reject_response(r: &Reject) -> Vec<u8> {
+    let code = if r.status == StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE { "headers_too_large" } else { "malformed_request" };
+    // The shape of the proxy's other local answers (`proxy::Local`).
+    let body = serde_json::json!({ "error": code, "message": r.why }).to_string() + "\n";
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert("x-weft-error", HeaderValue::from_static(code));
+    let mut out = Vec::new();
+    let head = RespHead { status: r.status, version: Version::HTTP_11, headers: &headers, reason: None };
+    encode_response_head(&mut out, &head, Out::Length(body.len() as u64), true, false);
+    out.extend_from_slice(body.as_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Option<ReqHead>, Reject> {
+        parse_request(&mut BytesMut::from(s), 64 * 1024)
+    }
+
+    #[test]
+    fn a_get_has_no_body_and_persists() {
+        let mut buf = BytesMut::from("\r\nGET /v2/models/m/infer?x=1 HTTP/1.1\r\nHost: ranker\r\nX-A: 1\r\n\r\nGET /next");
+        let h = parse_request(&mut buf, 1024).unwrap().unwrap();
+        assert_eq!((h.method, h.version, h.body, h.keep_alive), (Method::GET, Version::HTTP_11, None, true));
+        assert_eq!(h.uri.path(), "/v2/models/m/infer");
+        assert_eq!(h.uri.query(), Some("x=1"));
+        assert_eq!(h.headers["host"], "ranker");
+        assert_eq!(h.headers["x-a"], "1");
+        assert_eq!(&buf[..], b"GET /next", "only the head is consumed");
+    }
+
+    #[test]
+    fn partial_heads_wait_and_oversized_ones_get_431() {
+        assert!(parse("GET / HTTP/1.1\r\nHost: a\r\n").unwrap().is_none());
+        let big = format!("GET / HTTP/1.1\r\nx: {}\r\n", "a".repeat(2000));
+        assert_eq!(parse_request(&mut BytesMut::from(big.as_str()), 1024).unwrap_err().status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("x-{i}: v\r\n")).collect();
+        let r = parse(&format!("GET / HTTP/1.1\r\n{many}\r\n")).unwrap_err();
+        assert_eq!(r.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "{r:?}");
+    }
+
+    #[test]
+    fn malformed_heads_get_400_naming_the_problem() {
+        for (input, why) in [
+            ("GET / HTTP/1.1\r\nHost ranker\r\n\r\n", "header"),
+            ("GET / HTTP/1.1\r\nContent-Length: 5x\r\n\r\n", "content-length"),
+            ("GET / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "content-length"),
+            ("POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", "chunked"),
+            ("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", "HTTP/1.0"),
+            ("\x00\x01garbage\r\n\r\n", ""),
+        ] {
+            let r = parse(input).unwrap_err();
+            assert_eq!(r.status, StatusCode::BAD_REQUEST, "{input:?}");
+            assert!(r.why.contains(why), "{input:?}: {}", r.why);
+        }
+    }
+
+    #[test]
+    fn body_framing_and_persistence() {
+        let h = parse("POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n").unwrap().unwrap();
+        assert_eq!((h.body, h.keep_alive, h.expect_continue), (Some(RespFraming::Length(10)), true, false));
+        let h = parse("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\nExpect: 100-Continue\r\n\r\n").unwrap().unwrap();
+        assert_eq!((h.body, h.keep_alive, h.expect_continue), (Some(RespFraming::Chunked), true, true));
+        let h = parse("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n").unwrap().unwrap();
+        assert_eq!((h.body, h.keep_alive), (Some(RespFraming::Chunked), false), "both framings: chunked, then close");
+        assert!(!h.headers.contains_key("content-length"));
+        let h = parse("GET / HTTP/1.1\r\nConnection: close\r\n\r\n").unwrap().unwrap();
+        assert!(!h.keep_alive);
+        let h = parse("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        assert!(!h.keep_alive, "HTTP/1.0 closes unless asked");
+        let h = parse("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").unwrap().unwrap();
+        assert!(h.keep_alive);
+        let h = parse("GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n").unwrap().unwrap();
+        assert!(!h.expect_continue, "no body, nothing to wait for");
+    }
+
+    #[test]
+    fn absolute_and_asterisk_targets_parse() {
+        let h = parse("GET http://ranker:8080/a?b HTTP/1.1\r\n\r\n").unwrap().unwrap();
+        assert_eq!((h.uri.authority().map(|a| a.as_str()), h.uri.path()), (Some("ranker:8080"), "/a"));
+        let h = parse("OPTIONS * HTTP/1.1\r\n\r\n").unwrap().unwrap();
+        assert_eq!(h.uri, "*");
+    }
+
+    fn head(status: u16, headers: &[(&str, &str)], version: Version, framing: Out, add: bool, keep_alive: bool) -> String {
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            map.append(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        let mut out = Vec::new();
+        let r = RespHead { status: StatusCode::from_u16(status).unwrap(), version, headers: &map, reason: None };
+        encode_response_head(&mut out, &r, framing, add, keep_alive);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn response_heads_carry_our_framing_and_connection_headers() {
+        let h = head(200, &[("content-type", "text/plain"), ("transfer-encoding", "chunked"), ("connection", "x")], Version::HTTP_11, Out::Chunked, true, true);
+        assert!(h.starts_with("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\ndate: "), "{h}");
+        assert!(h.ends_with(" GMT\r\n\r\n") && !h.contains("connection"), "{h}");
+        let h = head(404, &[("date", "then")], Version::HTTP_11, Out::Length(5), true, false);
+        assert_eq!(h, "HTTP/1.1 404 Not Found\r\ndate: then\r\ncontent-length: 5\r\nconnection: close\r\n\r\n");
+        let h = head(200, &[("content-length", "7"), ("date", "d")], Version::HTTP_10, Out::Length(7), false, true);
+        assert_eq!(h, "HTTP/1.0 200 OK\r\ncontent-length: 7\r\ndate: d\r\nconnection: keep-alive\r\n\r\n");
+        let h = head(200, &[("content-length", "7"), ("date", "d")], Version::HTTP_11, Out::None, false, true);
+        assert_eq!(h, "HTTP/1.1 200 OK\r\ncontent-length: 7\r\ndate: d\r\n\r\n", "a HEAD answer keeps the length");
+    }
+
+    #[test]
+    fn framing_prefers_the_header_then_the_exact_length() {
+        let mut h = HeaderMap::new();
+        let v11 = Version::HTTP_11;
+        assert_eq!(response_framing(StatusCode::OK, &h, false, v11, Some(3)), (Out::Length(3), true));
+        assert_eq!(response_framing(StatusCode::OK, &h, false, v11, None), (Out::Chunked, true));
+        assert_eq!(response_framing(StatusCode::OK, &h, false, Version::HTTP_10, None), (Out::Close, false));
+        assert_eq!(response_framing(StatusCode::NO_CONTENT, &h, false, v11, None), (Out::None, false));
+        assert_eq!(response_framing(StatusCode::OK, &h, true, v11, Some(3)), (Out::None, false));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("9"));
+        assert_eq!(response_framing(StatusCode::OK, &h, false, v11, None), (Out::Length(9), false));
+        assert_eq!(response_framing(StatusCode::OK, &h, false, v11, Some(2)), (Out::Length(2), true), "the body's own length wins");
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("x"));
+        assert_eq!(response_framing(StatusCode::OK, &h, false, v11, None), (Out::Chunked, true), "an invalid length is not trusted");
+    }
+
+    #[test]
+    fn rejects_are_json_and_close() {
+        let out = String::from_utf8(reject_response(&Reject { status: StatusCode::BAD_REQUEST, why: "invalid header name".into() })).unwrap();
+        assert!(out.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{out}");
+        assert!(out.contains("connection: close\r\n") && out.contains("x-weft-error: malformed_request\r\n") && out.ends_with("{\"error\":\"malformed_request\",\"message\":\"invalid header name\"}\n"), "{out}");
+    }
+}
