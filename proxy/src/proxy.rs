@@ -819,10 +819,10 @@ static HOST_NAME_BYTE: [bool; 256] = {
 };
 
 /// Whether `h` is an authority without userinfo: `host[:port]` (RFC 9110 §7.2). The common
-/// shape (name or IPv4 address, optional numeric port) is checked byte by byte; anything else
-/// (IPv6 literals, percent-encoding, sub-delims) goes to the `http` crate's parser. Routing
-/// and the upstream URI both rely on it: a Host holding `/`, `?`, `#` or `@` would otherwise
-/// let a client choose the path an HTTP/2 upstream sees.
+/// shape (name or IPv4 address, optional numeric port) is checked byte by byte; an IPv6
+/// literal is parsed as one; anything else goes to the `http` crate's parser. Routing and the
+/// upstream URI both rely on it: a Host holding `/`, `?`, `#` or `@` would otherwise let a
+/// client choose the path an HTTP/2 upstream sees.
 fn valid_host(h: &str) -> bool {
     // One table lookup per byte of the name, up to a colon; then an optional port.
     let b = h.as_bytes();
@@ -836,12 +836,23 @@ fn valid_host(h: &str) -> bool {
     if plain {
         return true;
     }
-    // `http` takes any digits after the colon (and its `port_u16` reads through
-    // `u16::from_str`, which allows a leading `+`): the port is checked here as on the fast path.
-    let has_port = h[h.rfind(']').map_or(0, |i| i + 1)..].contains(':');
-    !h.contains('@')
+    // An IP literal: brackets around an IPv6 address, nothing else (`http` lets `x[::1]`,
+    // `[zz]` and `[]` through).
+    if let Some(rest) = h.strip_prefix('[') {
+        let Some((addr, after)) = rest.split_once(']') else { return false };
+        return addr.parse::<std::net::Ipv6Addr>().is_ok()
+            && match after.as_bytes() {
+                [] => true,
+                [b':', port @ ..] => is_port(port),
+                _ => false,
+            };
+    }
+    // A name with sub-delims and the like, as `http` parses it. It takes any digits after the colon (and
+    // its `port_u16` reads through `u16::from_str`, which allows a leading `+`): the port is
+    // checked here as on the fast path.
+    !h.contains(['@', '[', ']'])
         && http::uri::Authority::try_from(h).is_ok_and(|a| {
-            !a.host().is_empty() && (!has_port || a.port().is_some_and(|p| is_port(p.as_str().as_bytes())))
+            !a.host().is_empty() && (!h.contains(':') || a.port().is_some_and(|p| is_port(p.as_str().as_bytes())))
         })
 }
 
@@ -959,10 +970,10 @@ mod tests {
 
     #[test]
     fn only_authorities_are_valid_hosts() {
-        for ok in ["svc", "svc.ns.svc.cluster.local", "svc:8080", "10.0.0.1:80", "[::1]", "[fe80::1]:443", "a_b", "svc:65535", "svc:0"] {
+        for ok in ["svc", "svc.ns.svc.cluster.local", "svc:8080", "10.0.0.1:80", "[::1]", "[fe80::1]:443", "[::ffff:10.0.0.1]:80", "a_b", "svc:65535", "svc:0"] {
             assert!(valid_host(ok), "{ok:?}");
         }
-        for bad in ["", ":80", "svc/x", "svc?", "svc#", "u@svc", "a b", "svc:8080:1", "svc:123456", "svc:99999", "svc:", "svc:8o", "a:b:c", "[::1", "svc\\x", "svc:+80", "svc:65536"] {
+        for bad in ["", ":80", "svc/x", "svc?", "svc#", "u@svc", "a b", "svc:8080:1", "svc:123456", "svc:99999", "svc:", "svc:8o", "a:b:c", "[::1", "svc\\x", "svc:+80", "svc:65536", "x[::1]", "[zz]", "[]", "[::1]x", "[::1]:+80", "[::1]:", "a]b", "[::1]:70000"] {
             assert!(!valid_host(bad), "{bad:?}");
         }
     }
