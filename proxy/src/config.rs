@@ -73,6 +73,9 @@ pub struct Listener {
     /// Time allowed to receive a request head on a connection (slowloris guard). Off by default,
     /// as in Envoy: it arms a timer per request. Set it on listeners reachable from outside.
     pub header_read_timeout: Dur,
+    /// How long an HTTP/1.1 connection may sit idle between requests before the proxy closes
+    /// it (nginx's `keepalive_timeout`, Envoy's connection `idle_timeout`). 0 = never.
+    pub keepalive_timeout: Dur,
 }
 
 impl Default for Listener {
@@ -83,6 +86,7 @@ impl Default for Listener {
             direction: Direction::Outbound,
             max_header_bytes: 64 * 1024,
             header_read_timeout: Dur::default(),
+            keepalive_timeout: Dur::from_millis(3_600_000),
         }
     }
 }

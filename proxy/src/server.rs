@@ -249,7 +249,11 @@ fn serve_conn(sh: &Arc<Shared>, drain: &Drain, li: usize, stream: tokio::net::Tc
     let settings = {
         let snap = sh.snapshot.load();
         let l = &snap.config.listeners[li];
-        crate::h1::server::Settings { max_head: l.max_header_bytes, header_timeout: l.header_read_timeout.non_zero() }
+        crate::h1::server::Settings {
+            max_head: l.max_header_bytes,
+            header_timeout: l.header_read_timeout.non_zero(),
+            keepalive_timeout: l.keepalive_timeout.non_zero(),
+        }
     };
     let closing = Arc::new(AtomicBool::new(false));
     let conn = drain.watch(Closable::new(downstream(sh.clone(), li, stream, settings, closing.clone()), closing));
@@ -277,7 +281,8 @@ async fn downstream(sh: Arc<Shared>, li: usize, mut tcp: TcpStream, settings: cr
             }
         }
     };
-    let got = match settings.header_timeout {
+    // A client that connects and sends nothing is cut by either timeout.
+    let got = match settings.header_timeout.into_iter().chain(settings.keepalive_timeout).min() {
         Some(t) => tokio::time::timeout(t, sniff).await.unwrap_or(false),
         None => sniff.await,
     };

@@ -405,3 +405,29 @@ async fn status_line_is_http11_ok_and_the_experiment_variant_is_named() {
     assert_eq!(r.status_line, "HTTP/1.1 200 OK");
     assert_eq!(r.header("x-weft-variant"), None, "{r:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed_after_keepalive_timeout_and_a_busy_one_is_not() {
+    let up = Upstream::start("up").await;
+    let cfg = config(up.addr).replace(
+        r#"listeners: [{name: out, address: "127.0.0.1:0"}]"#,
+        r#"listeners: [{name: out, address: "127.0.0.1:0", keepalive_timeout: 1s}]"#,
+    );
+    let p = start_proxy(&cfg);
+    let addr = p.listener_addrs[0];
+    // Busy: a request every 200 ms for well past the timeout (1.6 s) keeps the connection.
+    let mut busy = Conn::open(addr).await;
+    for _ in 0..8 {
+        busy.send(get_req("/plain").as_bytes()).await;
+        assert_eq!(busy.response(false).await.status(), 200);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Idle: after one exchange the proxy closes it (EOF within the bounded wait).
+    let mut idle = Conn::open(addr).await;
+    idle.send(get_req("/plain").as_bytes()).await;
+    assert_eq!(idle.response(false).await.status(), 200);
+    idle.expect_eof().await;
+    // A connection that never sends anything is closed too.
+    let mut silent = Conn::open(addr).await;
+    silent.expect_eof().await;
+}

@@ -54,6 +54,8 @@ pub struct Settings {
     /// Close a connection whose request head has not arrived whole this long after it began
     /// (after its first byte; a new connection's first head, from the accept).
     pub header_timeout: Option<Duration>,
+    /// Close a kept-alive connection that stays idle this long between requests.
+    pub keepalive_timeout: Option<Duration>,
 }
 
 /// The connection's read side: the socket, and what was read but not yet consumed.
@@ -106,7 +108,7 @@ struct Slot {
 /// already read from the connection.
 pub async fn serve(sh: Arc<Shared>, li: usize, tcp: TcpStream, first: BytesMut, settings: Settings, closing: Arc<AtomicBool>) {
     let tcp = Arc::new(tcp);
-    let mut conn = Conn { reader: Some(Box::new(Reader { tcp: tcp.clone(), buf: first, next_read: FIRST_READ })), tcp, out: Output::default(), settings, first: true };
+    let mut conn = Conn { reader: Some(Box::new(Reader { tcp: tcp.clone(), buf: first, next_read: FIRST_READ })), tcp, out: Output::default(), settings, first: true, idle: None };
     let linger = loop {
         let head = match conn.read_head(&closing).await {
             Ok(Some(h)) => h,
@@ -147,6 +149,9 @@ struct Conn {
     settings: Settings,
     /// No request has been read yet.
     first: bool,
+    /// The idle timeout's timer, made once per connection and moved on only when it fires
+    /// early (see [`Conn::read_head`]).
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Conn {
@@ -158,10 +163,24 @@ impl Conn {
         let mut timer = self.settings.header_timeout.filter(|_| self.first).map(|t| Box::pin(tokio::time::sleep(t)));
         let timeout = self.settings.header_timeout;
         self.first = false;
+        // The idle timeout runs from now while nothing of the next request has come. Its timer
+        // is not reset per request (a timer-wheel update each time): it fires at the deadline
+        // set when it was last moved, and only then moves on if the connection was busy since.
+        let idle_from = self.settings.keepalive_timeout.map(|t| (tokio::time::Instant::now(), t));
+        let idle = &mut self.idle;
         poll_fn(|cx| {
             loop {
                 if r.buf.is_empty() && closing.load(Ordering::Acquire) {
                     return Poll::Ready(Ok(None));
+                }
+                if let (true, Some((since, limit))) = (r.buf.is_empty(), idle_from) {
+                    let t = idle.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(since + limit)));
+                    while t.as_mut().poll(cx).is_ready() {
+                        if tokio::time::Instant::now() >= since + limit {
+                            return Poll::Ready(Ok(None));
+                        }
+                        t.as_mut().reset(since + limit);
+                    }
                 }
                 if !r.buf.is_empty() {
                     if let Some(h) = request::parse_request(&mut r.buf, max_head)? {
@@ -239,7 +258,14 @@ impl Conn {
             }
             match body.as_mut().poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => sent.push(&mut self.out, data)?,
+                    Ok(data) => {
+                        sent.push(&mut self.out, data)?;
+                        // A body that knows it is complete is not polled again for its `None`
+                        // (it reported its end with this frame).
+                        if body.is_end_stream() {
+                            sent.end(&mut self.out, None)?;
+                        }
+                    }
                     Err(frame) => sent.end(&mut self.out, frame.trailers_ref())?,
                 },
                 Poll::Ready(None) => sent.end(&mut self.out, None)?,
