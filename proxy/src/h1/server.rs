@@ -149,8 +149,7 @@ struct Conn {
     settings: Settings,
     /// No request has been read yet.
     first: bool,
-    /// The idle timeout's timer, made once per connection and moved on only when it fires
-    /// early (see [`Conn::read_head`]).
+    /// The keep-alive timer, made once per connection (see [`idle_expired`]).
     idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
@@ -163,24 +162,13 @@ impl Conn {
         let mut timer = self.settings.header_timeout.filter(|_| self.first).map(|t| Box::pin(tokio::time::sleep(t)));
         let timeout = self.settings.header_timeout;
         self.first = false;
-        // The idle timeout runs from now while nothing of the next request has come. Its timer
-        // is not reset per request (a timer-wheel update each time): it fires at the deadline
-        // set when it was last moved, and only then moves on if the connection was busy since.
-        let idle_from = self.settings.keepalive_timeout.map(|t| (tokio::time::Instant::now(), t));
+        // The keep-alive timeout runs from now while nothing of the next request has come.
+        let idle_from = self.settings.keepalive_timeout.map(|t| tokio::time::Instant::now() + t);
         let idle = &mut self.idle;
         poll_fn(|cx| {
             loop {
                 if r.buf.is_empty() && closing.load(Ordering::Acquire) {
                     return Poll::Ready(Ok(None));
-                }
-                if let (true, Some((since, limit))) = (r.buf.is_empty(), idle_from) {
-                    let t = idle.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(since + limit)));
-                    while t.as_mut().poll(cx).is_ready() {
-                        if tokio::time::Instant::now() >= since + limit {
-                            return Poll::Ready(Ok(None));
-                        }
-                        t.as_mut().reset(since + limit);
-                    }
                 }
                 if !r.buf.is_empty() {
                     if let Some(h) = request::parse_request(&mut r.buf, max_head)? {
@@ -195,11 +183,19 @@ impl Conn {
                 {
                     return Poll::Ready(Ok(None));
                 }
-                match ready!(r.poll_fill(cx)) {
-                    Ok(0) if r.buf.is_empty() => return Poll::Ready(Ok(None)),
-                    Ok(0) => return Poll::Ready(Err(request::Reject { status: http::StatusCode::BAD_REQUEST, why: "connection closed in the middle of the request head".into() })),
-                    Ok(_) => {}
-                    Err(_) => return Poll::Ready(Ok(None)),
+                match r.poll_fill(cx) {
+                    Poll::Ready(Ok(0)) if r.buf.is_empty() => return Poll::Ready(Ok(None)),
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Err(request::Reject { status: http::StatusCode::BAD_REQUEST, why: "connection closed in the middle of the request head".into() })),
+                    Poll::Ready(Ok(_)) => {}
+                    Poll::Ready(Err(_)) => return Poll::Ready(Ok(None)),
+                    Poll::Pending => {
+                        if let (true, Some(deadline)) = (r.buf.is_empty(), idle_from)
+                            && idle_expired(idle, deadline, cx)
+                        {
+                            return Poll::Ready(Ok(None));
+                        }
+                        return Poll::Pending;
+                    }
                 }
             }
         })
@@ -310,6 +306,26 @@ impl Conn {
         self.reader = Some(reader);
         true
     }
+}
+
+/// Whether a connection waiting for its next request has been idle until `deadline`, by the
+/// keep-alive timer `t`. The timer is made and registered once per connection, and looked at
+/// again only once it fired: resetting it on every request would cost a timer-wheel update each
+/// time. A firing at a deadline set for an earlier wait moves it on to `deadline`.
+fn idle_expired(t: &mut Option<Pin<Box<tokio::time::Sleep>>>, deadline: tokio::time::Instant, cx: &mut Context<'_>) -> bool {
+    let t = match t {
+        Some(t) if !t.is_elapsed() => return false,
+        Some(t) => {
+            if tokio::time::Instant::now() >= deadline {
+                return true;
+            }
+            t.as_mut().reset(deadline);
+            t
+        }
+        None => t.insert(Box::pin(tokio::time::sleep_until(deadline))),
+    };
+    // Registers this task's waker with the timer.
+    t.as_mut().poll(cx).is_ready()
 }
 
 /// Output queued for the client: small pieces copied into one buffer, large body frames kept
