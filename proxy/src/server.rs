@@ -17,7 +17,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -253,6 +253,7 @@ fn serve_conn(sh: &Arc<Shared>, drain: &Drain, li: usize, stream: tokio::net::Tc
             max_head: l.max_header_bytes,
             header_timeout: l.header_read_timeout.non_zero(),
             keepalive_timeout: l.keepalive_timeout.non_zero(),
+            accepted: tokio::time::Instant::now(),
         }
     };
     let closing = Arc::new(AtomicBool::new(false));
@@ -269,21 +270,26 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 async fn downstream(sh: Arc<Shared>, li: usize, mut tcp: TcpStream, settings: crate::h1::server::Settings, closing: Arc<AtomicBool>) {
     let mut first = BytesMut::with_capacity(8 * 1024);
     // Read until the bytes can no longer be the preface's start, or are all of it.
-    let sniff = async {
+    // Read until the bytes can no longer be the preface's start, or are all of it; a drain
+    // (which wakes this task) ends the wait.
+    let sniff = std::future::poll_fn(|cx| {
         loop {
-            match tcp.read_buf(&mut first).await {
-                Ok(0) | Err(_) => return false,
+            if closing.load(Ordering::Acquire) {
+                return Poll::Ready(false);
+            }
+            match std::task::ready!(tokio_util::io::poll_read_buf(Pin::new(&mut tcp), cx, &mut first)) {
+                Ok(0) | Err(_) => return Poll::Ready(false),
                 Ok(_) => {}
             }
             let n = first.len().min(H2_PREFACE.len());
             if first[..n] != H2_PREFACE[..n] || n == H2_PREFACE.len() {
-                return true;
+                return Poll::Ready(true);
             }
         }
-    };
+    });
     // A client that connects and sends nothing is cut by either timeout.
     let got = match settings.header_timeout.into_iter().chain(settings.keepalive_timeout).min() {
-        Some(t) => tokio::time::timeout(t, sniff).await.unwrap_or(false),
+        Some(t) => tokio::time::timeout_at(settings.accepted + t, sniff).await.unwrap_or(false),
         None => sniff.await,
     };
     if !got {

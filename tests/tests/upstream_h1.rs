@@ -348,3 +348,62 @@ async fn only_declared_request_trailers_go_upstream() {
     let body = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
     assert_eq!(body, "5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n");
 }
+
+/// An upstream that answers at once and only then reads the upload (an accepted job, a
+/// streaming ingest): the body must still reach it whole, though the downstream response ended
+/// first. The proxy's connection then ends without reading from the client itself, since the
+/// upload's own task still does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_that_outlives_its_answer_reaches_the_upstream_whole() {
+    const LEN: usize = 4 << 20;
+    let got = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let seen = got.clone();
+    let up = raw_upstream(move |mut s| {
+        let seen = seen.clone();
+        async move {
+            let mut pending = Vec::new();
+            if read_head(&mut s, &mut pending).await.is_none() {
+                return;
+            }
+            let _ = s.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 2\r\n\r\nok").await;
+            let mut body = pending;
+            let mut buf = vec![0u8; 64 * 1024];
+            while body.len() < LEN {
+                match tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => body.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+            *seen.lock().unwrap() = body;
+        }
+    })
+    .await;
+    let p = start_proxy(&config(up.addr, ""));
+    // A body with a pattern, so a missing or reordered piece shows.
+    let body: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    let mut c = TcpStream::connect(p.listener_addrs[0]).await.unwrap();
+    let head = format!("POST /u HTTP/1.1\r\nHost: s\r\nContent-Length: {LEN}\r\n\r\n");
+    c.write_all(head.as_bytes()).await.unwrap();
+    let (mut r, mut w) = c.into_split();
+    let writer = tokio::spawn(async move {
+        // Slowly enough that the answer comes while most of the body is still to send.
+        for piece in body.chunks(256 * 1024) {
+            if w.write_all(piece).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(15), r.read_to_end(&mut answer)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(15), writer).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 202"), "{text}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while got.lock().unwrap().len() < LEN && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = got.lock().unwrap();
+    assert_eq!(got.len(), LEN, "the upstream got every byte");
+    assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "and in order");
+}

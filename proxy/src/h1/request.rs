@@ -156,7 +156,10 @@ pub fn encode_response_head(out: &mut Vec<u8>, resp: &RespHead<'_>, framing: Out
         if k == header::TRANSFER_ENCODING || k == header::CONNECTION || k == "keep-alive" {
             continue;
         }
-        if k == header::CONTENT_LENGTH && !keep_length && framing != Out::None {
+        // A HEAD or 304 answer keeps the length it describes; 204 and 1xx must not carry one
+        // (RFC 9110 §8.6).
+        let bodiless_status = resp.status == StatusCode::NO_CONTENT || resp.status.is_informational();
+        if k == header::CONTENT_LENGTH && ((!keep_length && framing != Out::None) || bodiless_status) {
             continue;
         }
         date |= k == header::DATE;
@@ -336,6 +339,8 @@ mod tests {
         assert_eq!(h, "HTTP/1.0 200 OK\r\ncontent-length: 7\r\ndate: d\r\nconnection: keep-alive\r\n\r\n");
         let h = head(200, &[("content-length", "7"), ("date", "d")], Version::HTTP_11, Out::None, false, true);
         assert_eq!(h, "HTTP/1.1 200 OK\r\ncontent-length: 7\r\ndate: d\r\n\r\n", "a HEAD answer keeps the length");
+        let h = head(204, &[("content-length", "0"), ("date", "d")], Version::HTTP_11, Out::None, false, true);
+        assert_eq!(h, "HTTP/1.1 204 No Content\r\ndate: d\r\n\r\n", "a 204 carries no length");
     }
 
     #[test]

@@ -42,6 +42,8 @@ use crate::Shared;
 const COPY_UP_TO: usize = 16 * 1024;
 /// Queued output is written once it reaches this size, even while the body has more ready.
 const FLUSH_AT: usize = 64 * 1024;
+/// Buffers above this capacity are dropped for fresh ones between requests.
+const SHRINK_ABOVE: usize = 64 * 1024;
 /// What is left of an unread request body is read and dropped, to keep the connection, only
 /// while it is at most this large and already arrived.
 const DRAIN_UP_TO: usize = 64 * 1024;
@@ -56,6 +58,8 @@ pub struct Settings {
     pub header_timeout: Option<Duration>,
     /// Close a kept-alive connection that stays idle this long between requests.
     pub keepalive_timeout: Option<Duration>,
+    /// When the connection was accepted.
+    pub accepted: tokio::time::Instant,
 }
 
 /// The connection's read side: the socket, and what was read but not yet consumed.
@@ -129,16 +133,36 @@ pub async fn serve(sh: Arc<Shared>, li: usize, tcp: TcpStream, first: BytesMut, 
         };
         let keep_alive = keep && !closing.load(Ordering::Acquire);
         let Some(keep_alive) = conn.respond(resp, method == Method::HEAD, version, keep_alive, slot.as_deref()).await else {
-            // Writing failed: the client went away.
+            // Writing failed (the client went away), or the response was cut: end it now,
+            // even while a request body elsewhere still holds the socket.
+            let _ = socket2::SockRef::from(&*conn.tcp).shutdown(std::net::Shutdown::Both);
             return;
         };
-        if !keep_alive || !conn.take_back(slot.as_deref()) {
-            break true;
+        match conn.take_back(slot.as_deref()) {
+            Back::Reusable if keep_alive => {}
+            Back::Reusable | Back::Unfinished => break true,
+            // The body still reads from the socket in another task (an upload that outlived
+            // its response): only it may read, so the connection ends by shutting its write
+            // side; the socket closes once that task lets go of the body.
+            Back::HeldElsewhere => {
+                let _ = socket2::SockRef::from(&*conn.tcp).shutdown(std::net::Shutdown::Write);
+                return;
+            }
         }
     };
     if linger {
         crate::linger::close(&conn.tcp).await;
     }
+}
+
+/// What became of a request body's read side after the response.
+enum Back {
+    /// Back, and the body read to its end: the connection can carry another request.
+    Reusable,
+    /// Back with body bytes still to come.
+    Unfinished,
+    /// Still with the body, in another task.
+    HeldElsewhere,
 }
 
 struct Conn {
@@ -158,8 +182,18 @@ impl Conn {
     /// draining, or stalled past the header timeout) between requests.
     async fn read_head(&mut self, closing: &AtomicBool) -> Result<Option<ReqHead>, request::Reject> {
         let Some(r) = self.reader.as_mut() else { return Ok(None) };
+        // A buffer grown for one large exchange goes back to its first size while the
+        // connection waits (a kept-alive connection may wait an hour).
+        if r.buf.is_empty() && r.buf.capacity() > SHRINK_ABOVE {
+            r.buf = BytesMut::new();
+            r.next_read = FIRST_READ;
+        }
+        if self.out.buf.capacity() > SHRINK_ABOVE {
+            self.out.buf = Vec::new();
+        }
         let max_head = self.settings.max_head;
-        let mut timer = self.settings.header_timeout.filter(|_| self.first).map(|t| Box::pin(tokio::time::sleep(t)));
+        // The first head's time counts from the accept.
+        let mut timer = self.settings.header_timeout.filter(|_| self.first).map(|t| Box::pin(tokio::time::sleep_until(self.settings.accepted + t)));
         let timeout = self.settings.header_timeout;
         self.first = false;
         // The keep-alive timeout runs from now while nothing of the next request has come.
@@ -167,7 +201,9 @@ impl Conn {
         let idle = &mut self.idle;
         poll_fn(|cx| {
             loop {
-                if r.buf.is_empty() && closing.load(Ordering::Acquire) {
+                // Draining: a connection between requests, or in the middle of a head (which
+                // might never end), closes now.
+                if closing.load(Ordering::Acquire) {
                     return Poll::Ready(Ok(None));
                 }
                 if !r.buf.is_empty() {
@@ -284,9 +320,9 @@ impl Conn {
     /// After a response: take the read side back from the request's body, if it had one.
     /// `false`: the connection cannot carry another request (the body is still held elsewhere,
     /// or what is left of it is not all here).
-    fn take_back(&mut self, slot: Option<&Slot>) -> bool {
-        let Some(slot) = slot else { return true };
-        let Some((mut reader, mut decoder)) = slot.back.lock().unwrap().take() else { return false };
+    fn take_back(&mut self, slot: Option<&Slot>) -> Back {
+        let Some(slot) = slot else { return Back::Reusable };
+        let Some((mut reader, mut decoder)) = slot.back.lock().unwrap().take() else { return Back::HeldElsewhere };
         // Drop what is left of the body, as far as it already arrived.
         let mut dropped = 0;
         while !decoder.is_done() {
@@ -297,14 +333,19 @@ impl Conn {
                     let mut cx = Context::from_waker(std::task::Waker::noop());
                     match reader.poll_fill(&mut cx) {
                         Poll::Ready(Ok(n)) if n > 0 && dropped <= DRAIN_UP_TO => {}
-                        _ => return false,
+                        _ => return self.keep(reader, Back::Unfinished),
                     }
                 }
-                Err(_) => return false,
+                Err(_) => return self.keep(reader, Back::Unfinished),
             }
         }
+        self.keep(reader, Back::Reusable)
+    }
+
+    /// Hold the read side again (lingering reads from it).
+    fn keep(&mut self, reader: Box<Reader>, back: Back) -> Back {
         self.reader = Some(reader);
-        true
+        back
     }
 }
 
@@ -324,8 +365,11 @@ fn idle_expired(t: &mut Option<Pin<Box<tokio::time::Sleep>>>, deadline: tokio::t
         }
         None => t.insert(Box::pin(tokio::time::sleep_until(deadline))),
     };
-    // Registers this task's waker with the timer.
-    t.as_mut().poll(cx).is_ready()
+    // Registers this task's waker with the timer. Outside the task's coop budget: a timer
+    // polled on a spent budget is left unregistered, and this one is not polled again until
+    // it fires.
+    let mut registered = tokio::task::coop::unconstrained(t.as_mut());
+    Pin::new(&mut registered).poll(cx).is_ready()
 }
 
 /// Output queued for the client: small pieces copied into one buffer, large body frames kept
