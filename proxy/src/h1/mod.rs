@@ -228,16 +228,27 @@ impl Inner {
 
     /// Read once from the socket into the buffer's free room.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_ROOM {
-            self.rbuf.reserve(self.next_read);
-        }
-        let room = self.rbuf.capacity() - self.rbuf.len();
+        let room = make_room(&mut self.rbuf, self.next_read);
         let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf))?;
-        // Reads that fill the room mean a large body: read more at a time.
-        if n == room && self.next_read < MAX_READ {
-            self.next_read *= 2;
-        }
+        grow_reads(n, room, &mut self.next_read);
         Poll::Ready(Ok(n))
+    }
+}
+
+/// Keep at least [`MIN_READ_ROOM`] free in a read buffer (growing it by `next_read`); returns
+/// the room there is for the next read.
+fn make_room(buf: &mut BytesMut, next_read: usize) -> usize {
+    if buf.capacity() - buf.len() < MIN_READ_ROOM {
+        buf.reserve(next_read);
+    }
+    buf.capacity() - buf.len()
+}
+
+/// A read of `n` that filled all its `room` means a large body: read more at a time, up to
+/// [`MAX_READ`].
+fn grow_reads(n: usize, room: usize, next_read: &mut usize) {
+    if n == room && *next_read < MAX_READ {
+        *next_read *= 2;
     }
 }
 
@@ -291,12 +302,16 @@ impl tokio::io::AsyncRead for Io {
     }
 }
 
-/// Write `buf` from `done` on, counting in `done` what was written.
-fn poll_write_all(io: &mut TcpStream, cx: &mut Context<'_>, buf: &[u8], done: &mut usize) -> Poll<io::Result<()>> {
+/// Write `buf` from `done` on, counting in `done` what was written. Takes the socket shared
+/// (readiness, then `try_write`): weft's server writes to a socket a request body also holds.
+fn poll_write_all(tcp: &TcpStream, cx: &mut Context<'_>, buf: &[u8], done: &mut usize) -> Poll<io::Result<()>> {
     while *done < buf.len() {
-        match ready!(Pin::new(&mut *io).poll_write(cx, &buf[*done..]))? {
-            0 => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-            n => *done += n,
+        ready!(tcp.poll_write_ready(cx))?;
+        match tcp.try_write(&buf[*done..]) {
+            Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+            Ok(n) => *done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Poll::Ready(Err(e)),
         }
     }
     Poll::Ready(Ok(()))

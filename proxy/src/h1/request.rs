@@ -152,13 +152,13 @@ pub fn encode_response_head(out: &mut Vec<u8>, resp: &RespHead<'_>, framing: Out
     let mut date = false;
     // A content-length that frames the body is kept; any other is dropped (ours replaces it).
     let keep_length = !add_framing && matches!(framing, Out::Length(_));
+    // A HEAD or 304 answer keeps the length it describes; 204 and 1xx must not carry one
+    // (RFC 9110 §8.6).
+    let bodiless_status = resp.status == StatusCode::NO_CONTENT || resp.status.is_informational();
     for (k, v) in resp.headers {
         if k == header::TRANSFER_ENCODING || k == header::CONNECTION || k == "keep-alive" {
             continue;
         }
-        // A HEAD or 304 answer keeps the length it describes; 204 and 1xx must not carry one
-        // (RFC 9110 §8.6).
-        let bodiless_status = resp.status == StatusCode::NO_CONTENT || resp.status.is_informational();
         if k == header::CONTENT_LENGTH && ((!keep_length && framing != Out::None) || bodiless_status) {
             continue;
         }

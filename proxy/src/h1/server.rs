@@ -33,7 +33,7 @@ use tokio::net::TcpStream;
 
 use super::codec::{self, Decoded, Decoder};
 use super::request::{self, Out, ReqHead, RespHead};
-use super::{Error, FIRST_READ, MAX_FRAME, MAX_READ, MIN_READ_ROOM};
+use super::{Error, FIRST_READ, MAX_FRAME, grow_reads, make_room, poll_write_all};
 use crate::body::{DownBody, RespBody};
 use crate::Shared;
 
@@ -72,17 +72,12 @@ struct Reader {
 impl Reader {
     /// Read once into the buffer's free room.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.buf.capacity() - self.buf.len() < MIN_READ_ROOM {
-            self.buf.reserve(self.next_read);
-        }
-        let room = self.buf.capacity() - self.buf.len();
+        let room = make_room(&mut self.buf, self.next_read);
         loop {
             ready!(self.tcp.poll_read_ready(cx))?;
             match self.tcp.try_read_buf(&mut self.buf) {
                 Ok(n) => {
-                    if n == room && self.next_read < MAX_READ {
-                        self.next_read *= 2;
-                    }
+                    grow_reads(n, room, &mut self.next_read);
                     // A read that did not fill the room drained the socket (epoll): forget its
                     // readiness now, as tokio's own `poll_read` does, instead of finding out
                     // with one more read(2) that fails with EAGAIN — once per request.
@@ -467,20 +462,6 @@ impl BodyOut {
         self.ended = true;
         Ok(())
     }
-}
-
-/// Write `buf` from `done` on, counting in `done` what was written.
-fn poll_write_all(tcp: &TcpStream, cx: &mut Context<'_>, buf: &[u8], done: &mut usize) -> Poll<io::Result<()>> {
-    while *done < buf.len() {
-        ready!(tcp.poll_write_ready(cx))?;
-        match tcp.try_write(&buf[*done..]) {
-            Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-            Ok(n) => *done += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Poll::Ready(Err(e)),
-        }
-    }
-    Poll::Ready(Ok(()))
 }
 
 /// A request body read from its client connection.
