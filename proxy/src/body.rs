@@ -241,6 +241,24 @@ pub enum UpBody {
 
 either_body!(UpBody { H1, H2 });
 
+impl UpBody {
+    /// The header fields of an HTTP/1.1 response, which are not in its map (see
+    /// [`crate::h1::fields`]); `None` for HTTP/2, or once taken.
+    pub fn fields(&self) -> Option<&crate::h1::Fields> {
+        match self {
+            UpBody::H1(b) => b.fields(),
+            UpBody::H2(_) => None,
+        }
+    }
+
+    pub fn take_fields(&mut self) -> Option<Box<crate::h1::Fields>> {
+        match self {
+            UpBody::H1(b) => b.take_fields(),
+            UpBody::H2(_) => None,
+        }
+    }
+}
+
 /// A request body as it comes from downstream: none, read by weft's own HTTP/1.1 server, or
 /// from a hyper HTTP/2 stream.
 pub enum DownBody {
@@ -298,6 +316,23 @@ impl RespBody {
         }
         b
     }
+    /// An HTTP/1.1 upstream's header fields, which belong in the response's head beside its
+    /// map's (see [`crate::h1::fields`]).
+    pub fn fields(&self) -> Option<&crate::h1::Fields> {
+        match self {
+            RespBody::Upstream { inner, .. } => inner.fields(),
+            RespBody::Local { .. } => None,
+        }
+    }
+
+    /// Take [`RespBody::fields`] (to put them in the map, for HTTP/2).
+    pub fn take_fields(&mut self) -> Option<Box<crate::h1::Fields>> {
+        match self {
+            RespBody::Upstream { inner, .. } => inner.take_fields(),
+            RespBody::Local { .. } => None,
+        }
+    }
+
     fn finish(&mut self, how: End) {
         if let RespBody::Upstream { on_end, first_byte, tail, .. } = self
             && let Some(f) = on_end.take() {

@@ -180,13 +180,19 @@ async fn serve(
 
     // 8. Respond, streaming the body; telemetry and connection reuse happen when it ends.
     let (mut rparts, incoming) = sent.resp.into_parts();
+    // An HTTP/1.1 upstream's fields are not in the map but beside the body, and had their
+    // hop-by-hop ones left out as they were read (`h1::fields`); HTTP/2's are in the map.
     strip_hop_by_hop(&mut rparts.headers);
     if let Some(v) = variant {
         rparts.headers.insert(X_WEFT_VARIANT.clone(), v.header.clone());
     }
     sent.held.hand_over();
     let on_end = finish_on_end(sh, cluster, sent.ep, slot, labels.clone(), start, sent.attempts - 1, &req_parts, ending);
-    let scan = crate::usage::scanned(headers::find(&rparts.headers, &header::CONTENT_TYPE).map(|v| v.as_bytes()));
+    let content_type = match incoming.fields() {
+        Some(f) => f.get("content-type"),
+        None => headers::find(&rparts.headers, &header::CONTENT_TYPE).map(|v| v.as_bytes()),
+    };
+    let scan = crate::usage::scanned(content_type);
     Ok(Response::from_parts(rparts, RespBody::upstream(incoming, route.idle_timeout, scan, on_end)))
 }
 

@@ -303,7 +303,18 @@ async fn downstream(sh: Arc<Shared>, li: usize, mut tcp: TcpStream, settings: cr
 }
 
 async fn serve_h2(sh: Arc<Shared>, li: usize, tcp: TcpStream, read: Bytes, max_head: usize, closing: Arc<AtomicBool>) {
-    let svc = service_fn(move |req: Request<Incoming>| crate::proxy::handle(sh.clone(), li, req.map(DownBody::H2)));
+    let svc = service_fn(move |req: Request<Incoming>| {
+        let sh = sh.clone();
+        async move {
+            let mut resp = crate::proxy::handle(sh, li, req.map(DownBody::H2)).await?;
+            // An HTTP/1.1 upstream's fields travel beside the map (`h1::fields`); hyper's
+            // HTTP/2 writer needs them in it.
+            if let Some(f) = resp.body_mut().take_fields() {
+                f.move_into(resp.headers_mut());
+            }
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
     let mut b = http2::Builder::new(TokioExecutor::new());
     b.timer(TokioTimer::new()).max_header_list_size(max_head as u32).max_concurrent_streams(1024);
     // Closed lingering, so a client still uploading reads an early answer (see `linger`).

@@ -77,6 +77,12 @@ fn script(path: &str) -> (&'static [u8], bool) {
         // A keep-alive answer, after which the upstream closes the idle connection anyway (as
         // an upstream's keep-alive timeout does).
         "/then-idle-close" => (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", true),
+        // Fields of every sort: mixed case, hop-by-hop ones, one `Connection` names, repeats,
+        // and a variant header of the upstream's own.
+        "/fields" => (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Model-Id: llama\r\nConnection: keep-alive, X-Private\r\nKeep-Alive: timeout=5\r\nX-Private: secret\r\nUpgrade: h2c\r\nProxy-Connection: keep-alive\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nX-Weft-Variant: upstream-says\r\n\r\nhello",
+            false,
+        ),
         _ => (b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n", false),
     }
 }
@@ -159,6 +165,48 @@ async fn every_response_framing_passes_and_reuse_follows_the_upstream() {
     // A reason phrase of the upstream's own goes on downstream.
     let out = raw(addr, b"GET /reason HTTP/1.1\r\nhost: s\r\nconnection: close\r\n\r\n").await;
     assert!(out.starts_with("HTTP/1.1 499 Client Closed Request\r\n"), "{out}");
+}
+
+/// An HTTP/1.1 upstream's header fields reach an HTTP/1.1 client as they came (weft copies
+/// them without building a header map) and an HTTP/2 client in a map; either way hop-by-hop
+/// fields and the ones `Connection` names are left out, repeated fields all arrive, and the
+/// proxy's `x-weft-variant` replaces the upstream's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_fields_reach_both_kinds_of_client_without_hop_by_hop_ones() {
+    let up = scripted().await;
+    let cfg = format!(
+        r#"
+admin: {{address: "127.0.0.1:0"}}
+listeners: [{{name: out, address: "127.0.0.1:0"}}]
+services: [{{name: s, hosts: ["*"], routes: [{{name: r, experiment: e}}]}}]
+experiments: [{{name: e, salt: x, variants: [{{name: a, cluster: c, weight: 100}}]}}]
+clusters: [{{name: c, endpoints: ["{}"]}}]
+"#,
+        up.addr
+    );
+    let p = start_proxy(&cfg);
+    let addr = p.listener_addrs[0];
+    let out = raw(addr, b"GET /fields HTTP/1.1\r\nhost: s\r\nconnection: close\r\n\r\n").await;
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    assert_eq!(body, "hello");
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(head.contains("\r\nX-Model-Id: llama\r\n") && head.contains("\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n"), "{head}");
+    assert!(head.contains("\r\nx-weft-variant: a\r\n") && !head.contains("upstream-says"), "{head}");
+    assert!(head.contains("\r\ncontent-length: 5\r\n") && !head.contains("Content-Length"), "weft frames the body itself: {head}");
+    for gone in ["Keep-Alive", "X-Private", "Upgrade", "Proxy-Connection", "keep-alive"] {
+        assert!(!head.contains(gone), "{gone} is not forwarded: {head}");
+    }
+
+    let req = http::Request::get(format!("http://{addr}/fields")).header("host", "s").body(full(Bytes::new())).unwrap();
+    let resp = h2_client().request(req).await.unwrap();
+    let h = resp.headers().clone();
+    assert_eq!(h["x-model-id"], "llama");
+    assert_eq!(h.get_all("set-cookie").iter().collect::<Vec<_>>(), ["a=1", "b=2"]);
+    assert_eq!(h.get_all("x-weft-variant").iter().collect::<Vec<_>>(), ["a"]);
+    for gone in ["connection", "keep-alive", "x-private", "upgrade", "proxy-connection"] {
+        assert!(!h.contains_key(gone), "{gone} is not forwarded: {h:?}");
+    }
+    assert_eq!(&resp.into_body().collect().await.unwrap().to_bytes()[..], b"hello");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,11 +9,10 @@ use http::{Method, StatusCode, Version};
 use std::mem::MaybeUninit;
 
 use super::Head as ReqHead;
+use super::fields::{Fields, Kind};
 
 /// Most headers a response head may carry (hyper's default too).
 pub const MAX_HEADERS: usize = 100;
-/// Room for headers added to a parsed response's map (see [`parse_response`]).
-const SPARE_HEADERS: usize = 6;
 /// Largest response head (status line and headers) we buffer before giving up.
 pub const MAX_HEAD_BYTES: usize = 400 * 1024;
 /// Largest trailer section of a chunked response.
@@ -152,14 +151,16 @@ pub(super) fn allowed_trailer(name: &HeaderName) -> bool {
         .contains(name)
 }
 
-/// The trailer fields a request declares in its `Trailer` header.
+/// The trailer fields a message declares in its `Trailer` header.
 pub fn declared_trailers(headers: &HeaderMap) -> Vec<HeaderName> {
-    headers
-        .get_all(header::TRAILER)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+    trailers_named(headers.get_all(header::TRAILER).iter().map(HeaderValue::as_bytes))
+}
+
+/// The trailer fields the `Trailer` header values `values` name.
+pub fn trailers_named<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<HeaderName> {
+    values
+        .flat_map(|v| v.split(|&b| b == b','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim_ascii()).ok())
         .collect()
 }
 
@@ -184,7 +185,8 @@ pub enum RespFraming {
 pub struct Head {
     pub status: StatusCode,
     pub version: Version,
-    pub headers: HeaderMap,
+    /// The header fields to forward (hop-by-hop ones left out), unparsed: see [`Fields`].
+    pub fields: Fields,
     pub framing: RespFraming,
     /// The upstream lets the connection carry another request after this response.
     pub keep_alive: bool,
@@ -194,7 +196,7 @@ pub struct Head {
 
 /// Parse a response head from the front of `buf`, consuming it (and any informational 1xx
 /// heads before it). `Ok(None)`: more bytes are needed. `head_request`: the request was HEAD,
-/// so the response has no body whatever its headers say. Header values share `buf`'s memory.
+/// so the response has no body whatever its headers say. The fields share `buf`'s memory.
 pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, ParseError> {
     loop {
         let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -210,28 +212,24 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
         let code = resp.code.unwrap_or(0);
         let status = StatusCode::from_u16(code).map_err(|_| ParseError(format!("status {code}")))?;
         let version = if resp.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
-        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
-        let count = spans_of(buf, resp.headers, &mut spans);
-        // A reason phrase other than the status's own goes on downstream as it came.
-        let reason = resp.reason.filter(|r| !r.is_empty() && Some(*r) != status.canonical_reason()).map(|r| Bytes::copy_from_slice(r.as_bytes()));
-        let head = buf.split_to(len).freeze();
         if code == 101 {
             return err("101 Switching Protocols, but no upgrade was asked for");
         }
         if (100..200).contains(&code) {
+            buf.advance(len);
             continue; // informational (100 Continue, 103 Early Hints): the real answer follows
         }
-        // Room beyond what arrived: the proxy adds its own headers to this map, and hyper's
-        // server reuses a response's map for the connection's next request, which gets
-        // headers added too. Growing a map reallocates it.
-        let mut headers = crate::headers::reuse(count + SPARE_HEADERS);
-        let seen = fill_headers(&head, &spans[..count], &mut headers).map_err(ParseError)?;
+        let mut seen = Framing::default();
+        let list = Fields::read(buf, resp.headers, &mut seen);
+        // A reason phrase other than the status's own goes on downstream as it came.
+        let reason = resp.reason.filter(|r| !r.is_empty() && Some(*r) != status.canonical_reason()).map(|r| Bytes::copy_from_slice(r.as_bytes()));
+        let mut fields = Fields::new(buf.split_to(len).freeze(), list);
         let framing = seen.framing(status, version, head_request)?;
         if seen.both_framings() {
-            headers.remove(header::CONTENT_LENGTH);
+            fields.drop_content_length();
         }
         let keep_alive = framing != RespFraming::Close && seen.persists(version) && !seen.both_framings();
-        return Ok(Some(Head { status, version, headers, framing, keep_alive, reason }));
+        return Ok(Some(Head { status, version, fields, framing, keep_alive, reason }));
     }
 }
 
@@ -260,7 +258,7 @@ pub(super) fn fill_headers(head: &Bytes, spans: &[Span], headers: &mut HeaderMap
         let (n0, n1, v0, v1) = (n0 as usize, n1 as usize, v0 as usize, v1 as usize);
         let name = HeaderName::from_bytes(&head[n0..n1]).map_err(|_| "invalid header name".to_string())?;
         let value = HeaderValue::from_maybe_shared(head.slice(v0..v1)).map_err(|_| format!("invalid value of header {name}"))?;
-        seen.note(&name, &value);
+        seen.note(Kind::of(name.as_str().as_bytes()), value.as_bytes());
         headers.append(name, value);
     }
     Ok(seen)
@@ -282,24 +280,28 @@ pub(super) struct Framing {
 }
 
 impl Framing {
-    fn note(&mut self, name: &HeaderName, value: &HeaderValue) {
-        if name == header::CONTENT_LENGTH {
-            self.length = Some(match (self.length, parse_length(value.as_bytes())) {
-                (None, n) => n,
-                (Some(Ok(a)), Ok(b)) if a == b => Ok(a),
-                _ => Err(()),
-            });
-        } else if name == header::TRANSFER_ENCODING {
-            self.transfer_encoding = true;
-            let last = value.as_bytes().rsplit(|&b| b == b',').next().unwrap_or_default();
-            self.chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
-        } else if name == header::CONNECTION {
-            for token in value.as_bytes().split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                self.close |= token.eq_ignore_ascii_case(b"close");
-                self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+    pub(super) fn note(&mut self, kind: Kind, value: &[u8]) {
+        match kind {
+            Kind::ContentLength => {
+                self.length = Some(match (self.length, parse_length(value)) {
+                    (None, n) => n,
+                    (Some(Ok(a)), Ok(b)) if a == b => Ok(a),
+                    _ => Err(()),
+                });
             }
-        } else if name == header::EXPECT {
-            self.expect_continue = value.as_bytes().trim_ascii().eq_ignore_ascii_case(b"100-continue");
+            Kind::TransferEncoding => {
+                self.transfer_encoding = true;
+                let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
+                self.chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+            }
+            Kind::Connection => {
+                for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                    self.close |= token.eq_ignore_ascii_case(b"close");
+                    self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
+            Kind::Expect => self.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue"),
+            Kind::Other | Kind::Date | Kind::Te | Kind::Hop => {}
         }
     }
 
@@ -336,6 +338,10 @@ impl Framing {
 
 /// One `content-length` value: digits, or a comma-separated list of equal ones.
 pub(super) fn parse_length(v: &[u8]) -> Result<u64, ()> {
+    // Nearly every value is plain digits: read them without splitting.
+    if !v.is_empty() && v.len() <= 19 && v.iter().all(u8::is_ascii_digit) {
+        return Ok(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')));
+    }
     let mut found = None;
     for part in v.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
         if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
@@ -664,7 +670,7 @@ mod tests {
         let (h, rest) = head_of("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nx-a: 2\r\n\r\nhello", false);
         let h = h.unwrap().unwrap();
         assert_eq!((h.status, h.version, h.framing, h.keep_alive), (StatusCode::OK, Version::HTTP_11, RespFraming::Length(5), true));
-        assert_eq!(h.headers.get_all("x-a").iter().collect::<Vec<_>>(), ["1", "2"]);
+        assert_eq!(h.fields.get_all("x-a").collect::<Vec<_>>(), [&b"1"[..], b"2"]);
         assert_eq!(&rest[..], b"hello");
 
         let (h, _) = head_of("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n", false);
@@ -683,7 +689,7 @@ mod tests {
         // Both framings: the coding frames the body, the length is not forwarded, no reuse.
         let (h, _) = head_of("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", false);
         let h = h.unwrap().unwrap();
-        assert_eq!((h.framing, h.keep_alive, h.headers.contains_key("content-length")), (RespFraming::Chunked, false, false));
+        assert_eq!((h.framing, h.keep_alive, h.fields.get("content-length").is_some()), (RespFraming::Chunked, false, false));
         // Reason phrases: kept only when they are not the canonical one.
         let (h, _) = head_of("HTTP/1.1 499 Client Closed Request\r\nContent-Length: 0\r\n\r\n", false);
         assert_eq!(h.unwrap().unwrap().reason.as_deref(), Some(&b"Client Closed Request"[..]));

@@ -9,6 +9,7 @@ use http::{Method, StatusCode, Uri, Version};
 use std::mem::MaybeUninit;
 
 use super::codec::{self, MAX_HEADERS, RespFraming, Span};
+use super::fields::{Fields, Kind};
 
 /// Room for headers added to a parsed request's map (trace context, variant, forwarded-for).
 const SPARE_HEADERS: usize = 4;
@@ -116,7 +117,8 @@ pub enum Out {
 /// one the body has); else a valid `content-length` the response carries; else chunked for
 /// HTTP/1.1 clients and the connection's close for 1.0. Returns the framing and whether
 /// `content-length` / `transfer-encoding` must be added.
-pub fn response_framing(status: StatusCode, headers: &HeaderMap, head_request: bool, version: Version, exact: Option<u64>) -> (Out, bool) {
+pub fn response_framing(resp: &RespHead<'_>, head_request: bool, exact: Option<u64>) -> (Out, bool) {
+    let (status, version) = (resp.status, resp.version);
     let bodiless = status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED || status.is_informational();
     if head_request || bodiless {
         return (Out::None, false);
@@ -124,10 +126,10 @@ pub fn response_framing(status: StatusCode, headers: &HeaderMap, head_request: b
     if let Some(n) = exact {
         return (Out::Length(n), true);
     }
-    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+    let mut values = resp.headers.get_all(header::CONTENT_LENGTH).iter().map(HeaderValue::as_bytes).chain(resp.fields.into_iter().flat_map(|f| f.get_all("content-length")));
     if let Some(first) = values.next()
-        && let Ok(n) = codec::parse_length(first.as_bytes())
-        && values.all(|v| codec::parse_length(v.as_bytes()) == Ok(n))
+        && let Ok(n) = codec::parse_length(first)
+        && values.all(|v| codec::parse_length(v) == Ok(n))
     {
         return (Out::Length(n), false);
     }
@@ -143,7 +145,7 @@ pub fn response_framing(status: StatusCode, headers: &HeaderMap, head_request: b
 /// `keep-alive` for an HTTP/1.0 client that keeps it), and `date` when absent.
 pub fn encode_response_head(out: &mut Vec<u8>, resp: &RespHead<'_>, framing: Out, add_framing: bool, keep_alive: bool) {
     let size: usize = resp.headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
-    out.reserve(size + 128);
+    out.reserve(size + resp.fields.map_or(0, Fields::wire_len) + 128);
     out.extend_from_slice(if resp.version == Version::HTTP_10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
     out.extend_from_slice(resp.status.as_str().as_bytes());
     out.push(b' ');
@@ -155,18 +157,30 @@ pub fn encode_response_head(out: &mut Vec<u8>, resp: &RespHead<'_>, framing: Out
     // A HEAD or 304 answer keeps the length it describes; 204 and 1xx must not carry one
     // (RFC 9110 §8.6).
     let bodiless_status = resp.status == StatusCode::NO_CONTENT || resp.status.is_informational();
+    let drop_length = (!keep_length && framing != Out::None) || bodiless_status;
+    let mut put = |k: &[u8], v: &[u8]| {
+        out.extend_from_slice(k);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v);
+        out.extend_from_slice(b"\r\n");
+    };
     for (k, v) in resp.headers {
         if k == header::TRANSFER_ENCODING || k == header::CONNECTION || k == "keep-alive" {
             continue;
         }
-        if k == header::CONTENT_LENGTH && ((!keep_length && framing != Out::None) || bodiless_status) {
+        if k == header::CONTENT_LENGTH && drop_length {
             continue;
         }
         date |= k == header::DATE;
-        out.extend_from_slice(k.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(v.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        put(k.as_str().as_bytes(), v.as_bytes());
+    }
+    // The upstream's fields (hop-by-hop ones already left out), except those the map replaces.
+    for (kind, k, v) in resp.fields.into_iter().flat_map(Fields::entries) {
+        if (kind == Kind::ContentLength && drop_length) || (!resp.headers.is_empty() && in_map(resp.headers, k)) {
+            continue;
+        }
+        date |= kind == Kind::Date;
+        put(k, v);
     }
     if add_framing {
         match framing {
@@ -197,8 +211,15 @@ pub struct RespHead<'a> {
     pub status: StatusCode,
     pub version: Version,
     pub headers: &'a HeaderMap,
+    /// An HTTP/1.1 upstream's fields, written after the map's (see [`Fields`]).
+    pub fields: Option<&'a Fields>,
     /// The upstream's own reason phrase, when it was not the status's canonical one.
     pub reason: Option<&'a [u8]>,
+}
+
+/// Whether `map` holds a field named `name` (ASCII case-insensitive; map names are lowercase).
+fn in_map(map: &HeaderMap, name: &[u8]) -> bool {
+    map.keys().any(|k| k.as_str().as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// The current time as an HTTP date, formatted once per second per thread: a response that
@@ -238,7 +259,7 @@ pub fn reject_response(r: &Reject) -> Vec<u8> {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert("x-weft-error", HeaderValue::from_static(code));
     let mut out = Vec::new();
-    let head = RespHead { status: r.status, version: Version::HTTP_11, headers: &headers, reason: None };
+    let head = RespHead { status: r.status, version: Version::HTTP_11, headers: &headers, fields: None, reason: None };
     encode_response_head(&mut out, &head, Out::Length(body.len() as u64), true, false);
     out.extend_from_slice(body.as_bytes());
     out
@@ -323,7 +344,7 @@ mod tests {
             map.append(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
         }
         let mut out = Vec::new();
-        let r = RespHead { status: StatusCode::from_u16(status).unwrap(), version, headers: &map, reason: None };
+        let r = RespHead { status: StatusCode::from_u16(status).unwrap(), version, headers: &map, fields: None, reason: None };
         encode_response_head(&mut out, &r, framing, add, keep_alive);
         String::from_utf8(out).unwrap()
     }
@@ -347,16 +368,54 @@ mod tests {
     fn framing_prefers_the_header_then_the_exact_length() {
         let mut h = HeaderMap::new();
         let v11 = Version::HTTP_11;
-        assert_eq!(response_framing(StatusCode::OK, &h, false, v11, Some(3)), (Out::Length(3), true));
-        assert_eq!(response_framing(StatusCode::OK, &h, false, v11, None), (Out::Chunked, true));
-        assert_eq!(response_framing(StatusCode::OK, &h, false, Version::HTTP_10, None), (Out::Close, false));
-        assert_eq!(response_framing(StatusCode::NO_CONTENT, &h, false, v11, None), (Out::None, false));
-        assert_eq!(response_framing(StatusCode::OK, &h, true, v11, Some(3)), (Out::None, false));
+        let framing = |status, h: &HeaderMap, head_request, version, exact| {
+            response_framing(&RespHead { status, version, headers: h, fields: None, reason: None }, head_request, exact)
+        };
+        assert_eq!(framing(StatusCode::OK, &h, false, v11, Some(3)), (Out::Length(3), true));
+        assert_eq!(framing(StatusCode::OK, &h, false, v11, None), (Out::Chunked, true));
+        assert_eq!(framing(StatusCode::OK, &h, false, Version::HTTP_10, None), (Out::Close, false));
+        assert_eq!(framing(StatusCode::NO_CONTENT, &h, false, v11, None), (Out::None, false));
+        assert_eq!(framing(StatusCode::OK, &h, true, v11, Some(3)), (Out::None, false));
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("9"));
-        assert_eq!(response_framing(StatusCode::OK, &h, false, v11, None), (Out::Length(9), false));
-        assert_eq!(response_framing(StatusCode::OK, &h, false, v11, Some(2)), (Out::Length(2), true), "the body's own length wins");
+        assert_eq!(framing(StatusCode::OK, &h, false, v11, None), (Out::Length(9), false));
+        assert_eq!(framing(StatusCode::OK, &h, false, v11, Some(2)), (Out::Length(2), true), "the body's own length wins");
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("x"));
-        assert_eq!(response_framing(StatusCode::OK, &h, false, v11, None), (Out::Chunked, true), "an invalid length is not trusted");
+        assert_eq!(framing(StatusCode::OK, &h, false, v11, None), (Out::Chunked, true), "an invalid length is not trusted");
+    }
+
+    /// An upstream response's fields as `parse_response` leaves them.
+    fn upstream_fields(raw: &str) -> Fields {
+        let mut b = BytesMut::from(raw.as_bytes());
+        codec::parse_response(&mut b, false).unwrap().unwrap().fields
+    }
+
+    #[test]
+    fn upstream_fields_go_out_as_they_came_unless_the_map_replaces_them() {
+        let f = upstream_fields("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Weft-Variant: up\r\nConnection: keep-alive\r\nSet-Cookie: a\r\nset-cookie: b\r\nDate: then\r\nContent-Length: 4\r\n\r\n");
+        let mut map = HeaderMap::new();
+        map.insert("x-weft-variant", HeaderValue::from_static("b"));
+        let head = RespHead { status: StatusCode::OK, version: Version::HTTP_11, headers: &map, fields: Some(&f), reason: None };
+        let mut out = Vec::new();
+        encode_response_head(&mut out, &head, Out::Length(4), true, true);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nx-weft-variant: b\r\nContent-Type: text/plain\r\nSet-Cookie: a\r\nset-cookie: b\r\nDate: then\r\ncontent-length: 4\r\n\r\n",
+            "the proxy's variant replaces the upstream's; our own length replaces theirs; no hop-by-hop field"
+        );
+        // A HEAD answer keeps the length the upstream gave; a 204 carries none.
+        let f = upstream_fields("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n");
+        let empty = HeaderMap::new();
+        let head = RespHead { status: StatusCode::OK, version: Version::HTTP_11, headers: &empty, fields: Some(&f), reason: None };
+        assert_eq!(response_framing(&head, true, Some(0)), (Out::None, false));
+        let mut out = Vec::new();
+        encode_response_head(&mut out, &head, Out::None, false, true);
+        assert!(String::from_utf8(out).unwrap().starts_with("HTTP/1.1 200 OK\r\nContent-Length: 9\r\ndate: "));
+        // Without an exact length, a valid one among the fields frames the body and stays.
+        assert_eq!(response_framing(&head, false, None), (Out::Length(9), false));
+        let head = RespHead { status: StatusCode::NO_CONTENT, ..head };
+        let mut out = Vec::new();
+        encode_response_head(&mut out, &head, Out::None, false, true);
+        assert!(!String::from_utf8(out).unwrap().contains("Content-Length"));
     }
 
     #[test]

@@ -20,6 +20,7 @@
 //! HTTP/2 (h2c prior knowledge) stays on hyper: [`crate::server`] looks at the first bytes.
 
 use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, Version};
 use http_body::{Body as _, Frame, SizeHint};
 use std::future::poll_fn;
@@ -257,16 +258,19 @@ impl Conn {
     /// as the response goes, or `None` once writing failed.
     async fn respond(&mut self, resp: Response<RespBody>, head_request: bool, version: Version, keep_alive: bool, slot: Option<&Slot>) -> Option<bool> {
         let (parts, mut body) = resp.into_parts();
-        let (framing, add) = request::response_framing(parts.status, &parts.headers, head_request, version, body.size_hint().exact());
-        let keep_alive = keep_alive && framing != Out::Close;
         let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>().map(|r| r.as_bytes());
-        let head = RespHead { status: parts.status, version, headers: &parts.headers, reason };
+        let head = RespHead { status: parts.status, version, headers: &parts.headers, fields: body.fields(), reason };
+        let (framing, add) = request::response_framing(&head, head_request, body.size_hint().exact());
+        let keep_alive = keep_alive && framing != Out::Close;
         self.out.buf.clear();
         request::encode_response_head(&mut self.out.buf, &head, framing, add, keep_alive);
         if let Some(s) = slot {
             s.responded.store(true, Ordering::Release);
         }
-        let trailers = if framing == Out::Chunked { codec::declared_trailers(&parts.headers) } else { Vec::new() };
+        let trailers = match framing {
+            Out::Chunked => codec::trailers_named(head.headers.get_all(header::TRAILER).iter().map(HeaderValue::as_bytes).chain(head.fields.into_iter().flat_map(|f| f.get_all("trailer")))),
+            _ => Vec::new(),
+        };
         crate::headers::recycle(parts.headers);
         let left = if let Out::Length(n) = framing { n } else { 0 };
         let mut sent = BodyOut { framing, left, trailers, ended: false };

@@ -1,0 +1,288 @@
+//! An HTTP/1.1 upstream response's header fields as they arrived: the head's bytes and where
+//! each field lies, not parsed into a `HeaderMap`.
+//!
+//! Why: a map costs ≈ 570 instructions per field to build (the name's lookup, the value's
+//! check, hashing it in; callgrind, stop 31), and a response going from an HTTP/1.1 upstream
+//! to an HTTP/1.1 client only needs its fields copied out again. httparse has already checked
+//! every name (a token) and every value (the byte set `HeaderValue` allows), so they can be
+//! written as they came. A map is built only where one is needed: for an HTTP/2 client
+//! ([`Fields::move_into`]).
+//!
+//! Hop-by-hop fields (RFC 9110 §7.6.1), and the fields `Connection` names, are left out as the
+//! head is read, the rule `strip_hop_by_hop` applies to maps. Fields in the response's own
+//! map (those the proxy sets, such as `x-weft-variant`) replace the same-named ones here.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use super::codec::{Framing, Span};
+
+
+/// What a field's name means to the framing and forwarding rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    Other,
+    ContentLength,
+    TransferEncoding,
+    Connection,
+    Expect,
+    Date,
+    Te,
+    /// Hop-by-hop, not otherwise special: keep-alive, upgrade, proxy-connection,
+    /// proxy-authenticate.
+    Hop,
+}
+
+impl Kind {
+    /// The kind of the field named `name` (ASCII case-insensitive; the length picks the one
+    /// name to compare with).
+    pub(super) fn of(name: &[u8]) -> Kind {
+        match name.len() {
+            2 if name.eq_ignore_ascii_case(b"te") => Kind::Te,
+            4 if name.eq_ignore_ascii_case(b"date") => Kind::Date,
+            6 if name.eq_ignore_ascii_case(b"expect") => Kind::Expect,
+            7 if name.eq_ignore_ascii_case(b"upgrade") => Kind::Hop,
+            10 if folded_eq(name, b"connection") => Kind::Connection,
+            10 if folded_eq(name, b"keep-alive") => Kind::Hop,
+            14 if folded_eq(name, b"content-length") => Kind::ContentLength,
+            16 if folded_eq(name, b"proxy-connection") => Kind::Hop,
+            17 if folded_eq(name, b"transfer-encoding") => Kind::TransferEncoding,
+            18 if folded_eq(name, b"proxy-authenticate") => Kind::Hop,
+            _ => Kind::Other,
+        }
+    }
+}
+
+/// `name == lower`, ASCII case-insensitive, eight bytes at a time, for `lower` of at least 8
+/// bytes made of lowercase letters and `-` only. Setting bit 5 lowercases a letter and leaves
+/// `-` as it is; of the bytes a name may hold (tokens), only a letter's two cases land on a
+/// lowercase letter, and only `-` on `-`. Every field name of every message is classified, and
+/// this costs a third of a byte-wise case-folding compare.
+fn folded_eq(name: &[u8], lower: &[u8]) -> bool {
+    debug_assert!(name.len() == lower.len() && lower.len() >= 8);
+    let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+    let fold = 0x2020_2020_2020_2020u64;
+    let last = lower.len() - 8;
+    let mut at = 0;
+    loop {
+        let at_now = at.min(last);
+        if word(name, at_now) | fold != word(lower, at_now) {
+            return false;
+        }
+        if at_now == last {
+            return true;
+        }
+        at += 8;
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Field {
+    span: Span,
+    kind: Kind,
+}
+
+/// A response's forwardable header fields, sharing the memory of its frozen head.
+#[derive(Debug, Default)]
+pub struct Fields {
+    head: Bytes,
+    list: Vec<Field>,
+}
+
+impl Fields {
+    /// The fields httparse found in `buf` (`headers` borrow from it), noting what they say
+    /// about framing and the connection in `seen`; hop-by-hop ones are noted but not kept.
+    /// Where they lie is kept, to be read from `buf` once frozen ([`Fields::new`]).
+    pub(super) fn read(buf: &[u8], headers: &[httparse::Header<'_>], seen: &mut Framing) -> Vec<Field> {
+        let base = buf.as_ptr() as usize;
+        let mut list = Vec::with_capacity(headers.len());
+        let mut names_others = false;
+        for h in headers {
+            let (name, value) = (h.name.as_bytes(), h.value);
+            let kind = Kind::of(name);
+            seen.note(kind, value);
+            match kind {
+                Kind::TransferEncoding | Kind::Hop => continue,
+                Kind::Connection => {
+                    names_others |= connection_names(value).next().is_some();
+                    continue;
+                }
+                // gRPC needs `te: trailers` end to end; any other TE value is hop-by-hop.
+                Kind::Te if value != b"trailers" => continue,
+                _ => {}
+            }
+            let (n, v) = ((name.as_ptr() as usize - base) as u32, (value.as_ptr() as usize - base) as u32);
+            list.push(Field { span: (n, n + name.len() as u32, v, v + value.len() as u32), kind });
+        }
+        if names_others {
+            // Rare: leave out the fields the `Connection` header names.
+            let named: Vec<&[u8]> = headers
+                .iter()
+                .filter(|h| Kind::of(h.name.as_bytes()) == Kind::Connection)
+                .flat_map(|h| connection_names(h.value))
+                .collect();
+            list.retain(|f| !named.iter().any(|n| n.eq_ignore_ascii_case(&buf[f.span.0 as usize..f.span.1 as usize])));
+        }
+        list
+    }
+
+    /// The fields `list` ([`Fields::read`]) of the head `head`, frozen from the same bytes.
+    pub(super) fn new(head: Bytes, list: Vec<Field>) -> Fields {
+        Fields { head, list }
+    }
+
+    /// Leave out every `content-length` (the coding frames the body instead).
+    pub(super) fn drop_content_length(&mut self) {
+        self.list.retain(|f| f.kind != Kind::ContentLength);
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Each field's kind, name (as the upstream spelled it) and value, in order.
+    pub(super) fn entries(&self) -> impl Iterator<Item = (Kind, &[u8], &[u8])> {
+        let h = &self.head;
+        self.list.iter().map(move |f| {
+            let s = f.span;
+            (f.kind, &h[s.0 as usize..s.1 as usize], &h[s.2 as usize..s.3 as usize])
+        })
+    }
+
+    /// Each field's name and value, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.entries().map(|(_, n, v)| (n, v))
+    }
+
+    /// The first value of the field named `name` (ASCII case-insensitive).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.iter().find_map(|(n, v)| n.eq_ignore_ascii_case(name.as_bytes()).then_some(v))
+    }
+
+    /// Every value of the field named `name` (ASCII case-insensitive), in order.
+    pub fn get_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.iter().filter(move |(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v)
+    }
+
+    /// Bytes the fields take as `name: value\r\n` lines.
+    pub(super) fn wire_len(&self) -> usize {
+        self.list.iter().map(|f| (f.span.1 - f.span.0 + f.span.3 - f.span.2) as usize + 4).sum()
+    }
+
+    /// Append the fields to `map`, except those whose name `map` already holds (its own
+    /// replace them). Values share the head's memory.
+    pub fn move_into(self, map: &mut HeaderMap) {
+        let own: Vec<HeaderName> = map.keys().cloned().collect();
+        for f in &self.list {
+            let s = f.span;
+            // Both checks passed in httparse already (a token; `HeaderValue`'s byte set); a
+            // field that still fails (a name over http's 64 KiB) cannot be sent and is left out.
+            let Ok(name) = HeaderName::from_bytes(&self.head[s.0 as usize..s.1 as usize]) else { continue };
+            if own.contains(&name) {
+                continue;
+            }
+            if let Ok(value) = HeaderValue::from_maybe_shared(self.head.slice(s.2 as usize..s.3 as usize)) {
+                map.append(name, value);
+            }
+        }
+    }
+}
+
+/// The field names a `Connection` value lists, besides its `close` and `keep-alive` options.
+fn connection_names(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case(b"close") && !t.eq_ignore_ascii_case(b"keep-alive"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields of a head given as `name: value` lines, as parse_response reads them.
+    fn read(lines: &[&str]) -> (Fields, Framing) {
+        let text: String = lines.iter().map(|l| format!("{l}\r\n")).collect::<String>() + "\r\n";
+        let head = Bytes::from(text);
+        let mut slots = [httparse::EMPTY_HEADER; 16];
+        let Ok(httparse::Status::Complete((_, headers))) = httparse::parse_headers(&head, &mut slots) else { panic!("bad test head") };
+        let mut seen = Framing::default();
+        let list = Fields::read(&head, headers, &mut seen);
+        (Fields::new(head.clone(), list), seen)
+    }
+
+    #[test]
+    fn names_are_classified_whatever_their_case() {
+        for (n, k) in [
+            ("Content-Length", Kind::ContentLength),
+            ("TRANSFER-ENCODING", Kind::TransferEncoding),
+            ("connection", Kind::Connection),
+            ("Keep-Alive", Kind::Hop),
+            ("Upgrade", Kind::Hop),
+            ("Proxy-Connection", Kind::Hop),
+            ("proxy-authenticate", Kind::Hop),
+            ("TE", Kind::Te),
+            ("Date", Kind::Date),
+            ("expect", Kind::Expect),
+            ("content-type", Kind::Other),
+            ("x-connection", Kind::Other),
+            ("content_length", Kind::Other),
+            ("Content-Lengtx", Kind::Other),
+            ("xontent-length", Kind::Other),
+            ("transfer-encodinG", Kind::TransferEncoding),
+            ("transfer-encodin_", Kind::Other),
+            ("", Kind::Other),
+        ] {
+            assert_eq!(Kind::of(n.as_bytes()), k, "{n}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_fields_and_those_connection_names_are_left_out() {
+        let (f, seen) = read(&[
+            "Content-Type: text/plain",
+            "Connection: keep-alive, X-Private",
+            "Keep-Alive: timeout=5",
+            "x-private: secret",
+            "Transfer-Encoding: chunked",
+            "Upgrade: h2c",
+            "TE: gzip",
+            "Set-Cookie: a=1",
+            "set-cookie: b=2",
+        ]);
+        let kept: Vec<(&[u8], &[u8])> = f.iter().collect();
+        assert_eq!(kept, [(&b"Content-Type"[..], &b"text/plain"[..]), (b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")]);
+        assert!(seen.chunked && seen.keep_alive && !seen.close, "the framing was still read from them");
+        assert_eq!(f.get("content-type"), Some(&b"text/plain"[..]));
+        assert_eq!(f.get_all("SET-COOKIE").collect::<Vec<_>>(), [&b"a=1"[..], b"b=2"]);
+        assert_eq!(f.get("x-private"), None);
+        assert_eq!(f.wire_len(), "Content-Type: text/plain\r\nSet-Cookie: a=1\r\nset-cookie: b=2\r\n".len());
+
+        let (f, _) = read(&["TE: trailers", "Connection: close"]);
+        assert_eq!(f.iter().collect::<Vec<_>>(), [(&b"TE"[..], &b"trailers"[..])], "te: trailers goes end to end (gRPC)");
+    }
+
+    #[test]
+    fn a_map_gets_every_field_but_those_it_already_holds() {
+        let (f, _) = read(&["X-Weft-Variant: upstream", "Set-Cookie: a=1", "Set-Cookie: b=2", "Content-Length: 3"]);
+        let mut map = HeaderMap::new();
+        map.insert("x-weft-variant", HeaderValue::from_static("a"));
+        f.move_into(&mut map);
+        assert_eq!(map.get_all("x-weft-variant").iter().collect::<Vec<_>>(), ["a"], "the map's own value wins");
+        assert_eq!(map.get_all("set-cookie").iter().collect::<Vec<_>>(), ["a=1", "b=2"], "repeated fields all arrive");
+        assert_eq!(map["content-length"], "3");
+    }
+
+    #[test]
+    fn content_length_can_be_dropped_alone() {
+        let (mut f, seen) = read(&["Content-Length: 3", "Date: x"]);
+        assert_eq!(seen.length, Some(Ok(3)));
+        f.drop_content_length();
+        assert_eq!(f.entries().map(|e| e.0).collect::<Vec<_>>(), [Kind::Date]);
+        assert_eq!(f.len(), 1);
+    }
+}
