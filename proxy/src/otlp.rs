@@ -30,7 +30,7 @@
 //! proxy already writes into `traceparent`; records built straight into the OTLP protobuf types
 //! (`opentelemetry-proto`) give both, with fewer crates.
 
-use http::{HeaderName, Method, Request, Version};
+use http::{HeaderName, Method, Version};
 use metrics::{Counter, Label};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
@@ -527,9 +527,9 @@ pub struct SpanState {
 /// Decide whether this request is traced, and make `tp` (the `traceparent` to send upstream,
 /// from [`telemetry::traceparent`]) carry the decision. `None` when export is off or the
 /// request is not sampled: then nothing else here runs for it.
-pub(crate) fn start<B>(t: &Telemetry, req: &Request<B>, tp: &mut [u8; 55], start: Instant) -> Option<ReqSpan> {
+pub(crate) fn start(t: &Telemetry, req: &http::request::Parts, headers: &crate::headers::ReqHeaders, tp: &mut [u8; 55], start: Instant) -> Option<ReqSpan> {
     let ex = t.otlp()?;
-    let incoming = req.headers().get(&TRACEPARENT).map(|v| v.as_bytes()).filter(|v| telemetry::parse_traceparent(v).is_some());
+    let incoming = headers.get(&TRACEPARENT).filter(|v| telemetry::parse_traceparent(v).is_some());
     let trace_id: [u8; 16] = unhex(&tp[3..35]);
     let (parent, flags) = match incoming {
         // Continue the caller's trace, following its sampling decision.
@@ -543,9 +543,7 @@ pub(crate) fn start<B>(t: &Telemetry, req: &Request<B>, tp: &mut [u8; 55], start
     if flags & 1 == 0 {
         return None;
     }
-    let authority = req.uri().authority().map(|a| a.as_str().to_string()).or_else(|| {
-        req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string)
-    });
+    let authority = req.uri.authority().map(|a| a.as_str().to_string()).or_else(|| headers.get_str(&http::header::HOST).map(str::to_string));
     Some(ReqSpan(Box::new(SpanState {
         trace_id,
         parent,
@@ -553,10 +551,10 @@ pub(crate) fn start<B>(t: &Telemetry, req: &Request<B>, tp: &mut [u8; 55], start
         flags,
         start_ns: unix_ns_at(start),
         start,
-        method: req.method().clone(),
-        path: req.uri().path().to_string(),
+        method: req.method.clone(),
+        path: req.uri.path().to_string(),
         authority,
-        version: req.version(),
+        version: req.version,
         tenant: None,
         labels: None,
         tries: 0,
@@ -1035,15 +1033,21 @@ mod tests {
         ex.stop_and_wait(Duration::from_secs(5));
     }
 
+    /// [`start`] for a request built in a test.
+    fn start_for(t: &Telemetry, req: &http::Request<()>, tp: &mut [u8; 55]) -> Option<ReqSpan> {
+        let (parts, ()) = http::Request::new(()).into_parts();
+        start(t, &parts, &crate::headers::ReqHeaders::new(req.headers().clone(), None), tp, Instant::now())
+    }
+
     #[test]
     fn traceparent_continues_the_callers_trace_and_sampling() {
         use http::HeaderValue;
         let (t, ex) = exporter(1.0, 8);
         t.set_otlp_for_test(ex.clone());
-        let mut req = Request::new(());
+        let mut req = http::Request::new(());
         req.headers_mut().insert("traceparent", HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
         let mut tp = telemetry::traceparent(req.headers().get("traceparent").map(|v| v.as_bytes()));
-        let mut s = start(&t, &req, &mut tp, Instant::now()).expect("the caller sampled it");
+        let mut s = start_for(&t, &req, &mut tp).expect("the caller sampled it");
         assert_eq!(s.parent, unhex::<8>(b"00f067aa0ba902b7"));
         let a = s.attempt(&mut tp, &Arc::from("127.0.0.1:80"), "127.0.0.1:80".parse().unwrap());
         let sent = std::str::from_utf8(&tp).unwrap().to_string();
@@ -1052,14 +1056,14 @@ mod tests {
         // The caller said "not sampled": not traced, and the flag goes on unchanged.
         req.headers_mut().insert("traceparent", HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"));
         let mut tp = telemetry::traceparent(req.headers().get("traceparent").map(|v| v.as_bytes()));
-        assert!(start(&t, &req, &mut tp, Instant::now()).is_none());
+        assert!(start_for(&t, &req, &mut tp).is_none());
         assert!(tp.ends_with(b"-00"));
         // A new trace under ratio 0: not sampled, and says so upstream.
         let (t0, ex0) = exporter(0.0, 8);
         t0.set_otlp_for_test(ex0);
-        let req = Request::new(());
+        let req = http::Request::new(());
         let mut tp = telemetry::traceparent(None);
-        assert!(start(&t0, &req, &mut tp, Instant::now()).is_none());
+        assert!(start_for(&t0, &req, &mut tp).is_none());
         assert!(tp.ends_with(b"-00"), "{}", String::from_utf8_lossy(&tp));
     }
 

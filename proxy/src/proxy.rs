@@ -22,7 +22,7 @@ use crate::cluster::{Cluster, Endpoint, Overflow};
 use crate::otlp;
 use crate::outlier::Outcome;
 use crate::h1::{self, SendError};
-use crate::headers;
+use crate::headers::{self, ReqHeaders};
 use crate::pool::{Conn, ConnectError};
 use crate::retry::{self, Failure};
 use crate::route;
@@ -36,13 +36,15 @@ static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// Handle one downstream request on listener `li`. Never fails: errors become local responses
 /// (the `Result` is the shape hyper's service wants).
-pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<DownBody>) -> Result<Response<RespBody>, std::convert::Infallible> {
+/// `fields`: the request's header fields as weft's HTTP/1.1 server read them, which are not in
+/// its map (see [`crate::h1::fields`]).
+pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<DownBody>, fields: Option<h1::Fields>) -> Result<Response<RespBody>, std::convert::Infallible> {
     let start = Instant::now();
     let snap = sh.snapshot.load_full();
     let version = req.version();
     let mut labels = sh.empty_labels();
     let mut span = None;
-    let mut resp = match serve(&sh, &snap, li, req, start, &mut labels, &mut span).await {
+    let mut resp = match serve(&sh, &snap, li, req, fields, start, &mut labels, &mut span).await {
         Ok(resp) => resp,
         Err(local) => {
             let resp = local.into_response();
@@ -59,22 +61,26 @@ pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<DownBody>) -> Resul
     Ok(resp)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     sh: &Arc<Shared>,
     snap: &Arc<Snapshot>,
     li: usize,
     req: Request<DownBody>,
+    fields: Option<h1::Fields>,
     start: Instant,
     labels: &mut Labels,
     span: &mut Option<otlp::ReqSpan>,
 ) -> Result<Response<RespBody>, Local> {
+    let (mut parts, body) = req.into_parts();
+    let mut headers = ReqHeaders::new(std::mem::take(&mut parts.headers), fields);
     // Trace context first, so even a request answered locally gets its server span.
-    let mut trace = telemetry::traceparent(headers::find(req.headers(), &TRACEPARENT).map(|v| v.as_bytes()));
-    *span = otlp::start(&sh.telemetry, &req, &mut trace, start);
+    let mut trace = telemetry::traceparent(headers.get(&TRACEPARENT));
+    *span = otlp::start(&sh.telemetry, &parts, &headers, &mut trace, start);
     // 1. Which service: by Host / :authority on this listener.
     let missing = || Local::new(StatusCode::BAD_REQUEST, "missing_host", "the request has no Host header or :authority");
-    let authority = authority(&req).ok_or_else(missing)?;
-    let host = authority.to_str().map_err(|_| missing())?;
+    let authority = authority(&parts.uri, &headers).ok_or_else(missing)?;
+    let host = headers::visible(&authority).ok_or_else(missing)?;
     if !valid_host(host) {
         return Err(Local::new(
             StatusCode::BAD_REQUEST,
@@ -95,17 +101,17 @@ async fn serve(
     labels.service = service.name.clone();
 
     // 2. Which route: path, headers, KServe model name.
-    let path = req.uri().path();
+    let path = parts.uri.path();
     let model = route::kserve_model(path);
     if let Some(m) = model {
         labels.model_name = Arc::from(m);
     }
-    let route = service.routes.iter().find(|r| r.matcher.matches(path, req.headers(), model)).ok_or_else(|| {
+    let route = service.routes.iter().find(|r| r.matcher.matches(path, &headers, model)).ok_or_else(|| {
         Local::new(StatusCode::NOT_FOUND, "no_route", format!("service {:?} has no route for {path:?}", &*service.name))
             .with("path", path.to_string())
     })?;
     labels.route = route.name.clone();
-    let tenant = header_str(req.headers(), snap.tenant_header.as_ref());
+    let tenant = header_str(&headers, snap.tenant_header.as_ref());
     labels.tenant_id = sh.telemetry.tenant_label(tenant);
     if let Some(s) = span.as_mut() {
         s.set_tenant(tenant);
@@ -116,7 +122,7 @@ async fn serve(
         Target::Cluster(c) => (&snap.clusters[c], None, None),
         Target::Experiment(e) => {
             let exp = &snap.experiments[e];
-            let v = &exp.variants[assign(exp, req.headers())];
+            let v = &exp.variants[assign(exp, &headers)];
             (&snap.clusters[v.cluster], Some(v), Some(exp))
         }
     };
@@ -126,7 +132,7 @@ async fn serve(
         labels.variant = v.name.clone();
         labels.model_version = v.model_version.clone();
     }
-    if let Some(mv) = header_str(req.headers(), snap.model_version_header.as_ref())
+    if let Some(mv) = header_str(&headers, snap.model_version_header.as_ref())
         .or_else(|| route::kserve_version(path))
     {
         labels.model_version = Arc::from(mv);
@@ -142,14 +148,13 @@ async fn serve(
     // 5. Prepare the upstream request; keep a bounded copy of the body if a retry or a shadow
     //    may need it.
     let shadow = experiment.and_then(|e| e.shadow.as_ref()).filter(|s| rand::random::<f64>() < s.fraction);
-    let (mut parts, body) = req.into_parts();
-    prepare_headers(&mut parts.headers, &authority);
+    prepare_headers(&mut headers, &authority);
     let record_limit = route.retry.as_ref().map_or(0, |r| r.buffer_bytes).max(shadow.map_or(0, |s| s.max_body_bytes));
     let body = Prepared::new(body, record_limit);
 
     // 6. Shadow copy: fire and forget.
     if let Some(s) = shadow {
-        crate::shadow::spawn(sh, snap, s, &parts, &authority, trace, &body, labels, span.as_ref().map(|t| t.child()));
+        crate::shadow::spawn(sh, snap, s, &parts, &headers, &authority, trace, &body, labels, span.as_ref().map(|t| t.child()));
     }
 
     // 7. Forward, retrying within policy and budget.
@@ -158,7 +163,7 @@ async fn serve(
     let mut req_parts = ReqParts {
         method: parts.method,
         uri: parts.uri,
-        headers: parts.headers,
+        headers,
         authority,
         traceparent: trace,
         variant: variant_header,
@@ -197,10 +202,10 @@ async fn serve(
 }
 
 /// Choose the variant for a request.
-fn assign(exp: &ExperimentRt, h: &HeaderMap) -> usize {
-    let forced = exp.override_header.as_ref().and_then(|n| headers::find(h, n)).and_then(|v| v.to_str().ok());
-    let unit = exp.unit_header.as_ref().and_then(|n| headers::find(h, n)).map(|v| v.as_bytes());
-    let stratum = exp.stratify_header.as_ref().and_then(|n| headers::find(h, n)).and_then(|v| v.to_str().ok());
+fn assign(exp: &ExperimentRt, h: &ReqHeaders) -> usize {
+    let forced = exp.override_header.as_ref().and_then(|n| h.get_str(n));
+    let unit = exp.unit_header.as_ref().and_then(|n| h.get(n));
+    let stratum = exp.stratify_header.as_ref().and_then(|n| h.get_str(n));
     exp.assigner.assign(forced, unit, stratum, rand::random::<u64>).0
 }
 
@@ -224,9 +229,9 @@ async fn acquire_slot(v: &VariantRt, deadline: Option<Instant>) -> Result<crate:
 pub(crate) struct ReqParts {
     pub method: Method,
     pub uri: Uri,
-    pub headers: HeaderMap,
+    pub headers: ReqHeaders,
     /// The downstream Host / :authority (visible ASCII, checked when the request came in).
-    pub authority: HeaderValue,
+    pub authority: Bytes,
     /// The `traceparent` every try sends (created when the request had none; a traced try
     /// writes its own span id in). Kept beside `headers`, with `variant`, rather than in the
     /// map: an HTTP/1.1 try writes them after the request's own headers, so no request pays
@@ -242,7 +247,7 @@ pub(crate) struct ReqParts {
 /// response parsed on this worker ([`headers::recycle`]).
 impl Drop for ReqParts {
     fn drop(&mut self) {
-        headers::recycle(std::mem::take(&mut self.headers));
+        headers::recycle(std::mem::take(&mut self.headers.map));
     }
 }
 
@@ -253,12 +258,12 @@ impl ReqParts {
     pub(crate) fn build_h2(&mut self, body: ReqBody, last: bool) -> Request<ReqBody> {
         let mut req = Request::new(body);
         *req.method_mut() = self.method.clone();
-        *req.headers_mut() = if last { std::mem::take(&mut self.headers) } else { self.headers.clone() };
+        *req.headers_mut() = if last { std::mem::take(&mut self.headers).into_map() } else { self.headers.to_map() };
         // From parts, never by pasting strings: the path is the one routed on, whatever the
         // Host holds (`valid_host` already refused one that is not an authority).
         let mut p = http::uri::Parts::default();
         p.scheme = Some(http::uri::Scheme::HTTP);
-        p.authority = http::uri::Authority::try_from(self.authority.as_bytes()).ok();
+        p.authority = http::uri::Authority::try_from(&self.authority[..]).ok();
         p.path_and_query = Some(self.uri.path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")));
         *req.uri_mut() = Uri::from_parts(p).unwrap_or_else(|_| Uri::from_static("/"));
         *req.version_mut() = Version::HTTP_2;
@@ -872,16 +877,16 @@ fn is_port(p: &[u8]) -> bool {
 /// The request's :authority (HTTP/2) or Host header, if present and non-empty (the caller
 /// checks it is visible ASCII). A Host header is shared with the request (no copy): this runs
 /// on every request.
-fn authority(req: &Request<DownBody>) -> Option<HeaderValue> {
-    let v = match req.uri().authority() {
-        Some(a) => HeaderValue::from_str(a.as_str()).ok()?,
-        None => headers::find(req.headers(), &header::HOST)?.clone(),
+fn authority(uri: &Uri, h: &ReqHeaders) -> Option<Bytes> {
+    let v = match uri.authority() {
+        Some(a) => Bytes::copy_from_slice(a.as_str().as_bytes()),
+        None => h.get_shared(&header::HOST)?,
     };
     (!v.is_empty()).then_some(v)
 }
 
-fn header_str<'a>(h: &'a HeaderMap, name: Option<&HeaderName>) -> Option<&'a str> {
-    name.and_then(|n| headers::find(h, n)).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty())
+fn header_str<'a>(h: &'a ReqHeaders, name: Option<&HeaderName>) -> Option<&'a str> {
+    name.and_then(|n| h.get_str(n)).filter(|v| !v.is_empty())
 }
 
 /// Headers that describe one hop, not the message; never forwarded (RFC 9110 §7.6.1).
@@ -922,10 +927,13 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 /// The request's own headers as they go upstream: hop-by-hop ones removed, Host present (an
 /// HTTP/2 request has only :authority). `traceparent` and `x-weft-variant` are set per try
 /// (see [`ReqParts::traceparent`]).
-fn prepare_headers(h: &mut HeaderMap, authority: &HeaderValue) {
-    strip_hop_by_hop(h);
-    if !h.contains_key(header::HOST) {
-        h.insert(header::HOST, authority.clone());
+fn prepare_headers(h: &mut ReqHeaders, authority: &Bytes) {
+    // The fields weft's HTTP/1.1 server read had theirs left out already (`h1::fields`).
+    strip_hop_by_hop(&mut h.map);
+    if !h.contains(&header::HOST)
+        && let Ok(v) = HeaderValue::from_maybe_shared(authority.clone())
+    {
+        h.insert(header::HOST, v);
     }
 }
 
@@ -989,15 +997,15 @@ mod tests {
         let mut parts = ReqParts {
             method: Method::GET,
             uri: Uri::from_static("/public/infer?q=1"),
-            headers: HeaderMap::new(),
-            authority: HeaderValue::from_static("svc:8080"),
+            headers: ReqHeaders::default(),
+            authority: Bytes::from_static(b"svc:8080"),
             traceparent: crate::telemetry::traceparent(None),
             variant: Some(HeaderValue::from_static("b")),
             span: None,
         };
         let req = parts.build_h2(ReqBody::full(Bytes::new()), false);
         assert_eq!(req.uri().to_string(), "http://svc:8080/public/infer?q=1");
-        parts.authority = HeaderValue::from_static("[::1]:9");
+        parts.authority = Bytes::from_static(b"[::1]:9");
         let req = parts.build_h2(ReqBody::full(Bytes::new()), true);
         assert_eq!(req.uri().path_and_query().unwrap().as_str(), "/public/infer?q=1");
     }

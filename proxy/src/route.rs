@@ -1,7 +1,7 @@
 //! Route matching: which service a request is for (by host) and which of its routes (by path,
 //! headers and model name). Pure: no IO, compiled once per config snapshot.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue};
 use std::collections::HashMap;
 
 use crate::config;
@@ -46,17 +46,17 @@ impl RouteMatcher {
         Ok(RouteMatcher { path, headers, model: m.model.clone() })
     }
 
-    pub fn matches(&self, path: &str, headers: &HeaderMap, model: Option<&str>) -> bool {
+    pub fn matches(&self, path: &str, headers: &crate::headers::ReqHeaders, model: Option<&str>) -> bool {
         let path_ok = match &self.path {
             PathMatch::Any => true,
             PathMatch::Exact(p) => path == p,
             PathMatch::Prefix(p) => path.starts_with(p.as_str()),
         };
         path_ok
-            && self.headers.iter().all(|(name, want)| match (crate::headers::find(headers, name), want) {
+            && self.headers.iter().all(|(name, want)| match (headers.get(name), want) {
                 (None, _) => false,
                 (Some(_), None) => true,
-                (Some(got), Some(want)) => got == want,
+                (Some(got), Some(want)) => got == want.as_bytes(),
             })
             && self.model.as_deref().is_none_or(|want| model == Some(want))
     }
@@ -153,6 +153,8 @@ pub fn strip_port(authority: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::headers::ReqHeaders;
+    use http::HeaderMap;
     use proptest::prelude::*;
 
     fn m(yaml: &str) -> RouteMatcher {
@@ -164,16 +166,16 @@ mod tests {
     fn path_and_headers() {
         let r = m("path_prefix: /v2/\nheaders: [{name: x-env, exact: prod}, {name: x-debug}]");
         let mut h = HeaderMap::new();
-        assert!(!r.matches("/v2/models/a/infer", &h, None));
+        assert!(!r.matches("/v2/models/a/infer", &ReqHeaders::new(h.clone(), None), None));
         h.insert("x-env", HeaderValue::from_static("prod"));
         h.insert("x-debug", HeaderValue::from_static("1"));
-        assert!(r.matches("/v2/models/a/infer", &h, None));
-        assert!(!r.matches("/v1/completions", &h, None));
+        assert!(r.matches("/v2/models/a/infer", &ReqHeaders::new(h.clone(), None), None));
+        assert!(!r.matches("/v1/completions", &ReqHeaders::new(h.clone(), None), None));
         h.insert("x-env", HeaderValue::from_static("dev"));
-        assert!(!r.matches("/v2/models/a/infer", &h, None));
+        assert!(!r.matches("/v2/models/a/infer", &ReqHeaders::new(h.clone(), None), None));
         let exact = m("path_exact: /health");
-        assert!(exact.matches("/health", &HeaderMap::new(), None));
-        assert!(!exact.matches("/healthz", &HeaderMap::new(), None));
+        assert!(exact.matches("/health", &ReqHeaders::default(), None));
+        assert!(!exact.matches("/healthz", &ReqHeaders::default(), None));
     }
 
     #[test]
@@ -182,8 +184,8 @@ mod tests {
         let p = "/v2/models/resnet/versions/3/infer";
         assert_eq!(kserve_model(p), Some("resnet"));
         assert_eq!(kserve_version(p), Some("3"));
-        assert!(r.matches(p, &HeaderMap::new(), kserve_model(p)));
-        assert!(!r.matches("/v2/models/bert/infer", &HeaderMap::new(), Some("bert")));
+        assert!(r.matches(p, &ReqHeaders::default(), kserve_model(p)));
+        assert!(!r.matches("/v2/models/bert/infer", &ReqHeaders::default(), Some("bert")));
         assert_eq!(kserve_model("/v2/models/"), None);
         assert_eq!(kserve_model("/v2/models/x?y=1"), Some("x"));
     }
@@ -220,7 +222,7 @@ mod tests {
             if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(hname.as_bytes()), HeaderValue::from_str(&hval)) {
                 h.insert(n, v);
             }
-            let _ = r.matches(&path, &h, model.as_deref());
+            let _ = r.matches(&path, &ReqHeaders::new(h.clone(), None), model.as_deref());
             let _ = kserve_model(&path);
             let _ = kserve_version(&path);
             let _ = strip_port(&path);

@@ -306,7 +306,7 @@ async fn serve_h2(sh: Arc<Shared>, li: usize, tcp: TcpStream, read: Bytes, max_h
     let svc = service_fn(move |req: Request<Incoming>| {
         let sh = sh.clone();
         async move {
-            let mut resp = crate::proxy::handle(sh, li, req.map(DownBody::H2)).await?;
+            let mut resp = crate::proxy::handle(sh, li, req.map(DownBody::H2), None).await?;
             // An HTTP/1.1 upstream's fields travel beside the map (`h1::fields`); hyper's
             // HTTP/2 writer needs them in it.
             if let Some(f) = resp.body_mut().take_fields() {

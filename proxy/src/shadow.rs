@@ -29,7 +29,8 @@ pub(crate) fn spawn(
     snap: &Arc<Snapshot>,
     s: &ShadowRt,
     parts: &http::request::Parts,
-    authority: &http::HeaderValue,
+    headers: &crate::headers::ReqHeaders,
+    authority: &bytes::Bytes,
     traceparent: [u8; 55],
     body: &Prepared,
     primary: &Labels,
@@ -47,10 +48,10 @@ pub(crate) fn spawn(
         return skip("too_many_in_flight");
     }
     let cluster = snap.clusters[s.cluster].clone();
-    let mut headers = parts.headers.clone();
+    let mut headers = headers.clone();
     let (k, v) = crate::proxy::shadow_header();
     headers.insert(k, v);
-    headers.remove("x-weft-variant");
+    headers.remove(&http::HeaderName::from_static("x-weft-variant"));
     let mut traceparent = traceparent;
     if let Some(s) = &span {
         s.set_traceparent(&mut traceparent);

@@ -116,6 +116,19 @@ clusters: [{{name: c, endpoints: ["{up}"]{cluster_extra}}}]
     )
 }
 
+/// [`config`], routed through a one-variant experiment (so the proxy sets `x-weft-variant: a`).
+fn one_variant_config(up: SocketAddr) -> String {
+    format!(
+        r#"
+admin: {{address: "127.0.0.1:0"}}
+listeners: [{{name: out, address: "127.0.0.1:0"}}]
+services: [{{name: s, hosts: ["*"], routes: [{{name: r, experiment: e}}]}}]
+experiments: [{{name: e, salt: x, variants: [{{name: a, cluster: c, weight: 100}}]}}]
+clusters: [{{name: c, endpoints: ["{up}"]}}]
+"#
+    )
+}
+
 async fn open_connections(p: &weft_proxy::Proxy) -> u64 {
     let v: serde_json::Value = serde_json::from_str(&admin_get(p.admin_addr, "/clusters").await.1).unwrap();
     v["clusters"][0]["open_connections"].as_u64().unwrap()
@@ -174,17 +187,7 @@ async fn every_response_framing_passes_and_reuse_follows_the_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_fields_reach_both_kinds_of_client_without_hop_by_hop_ones() {
     let up = scripted().await;
-    let cfg = format!(
-        r#"
-admin: {{address: "127.0.0.1:0"}}
-listeners: [{{name: out, address: "127.0.0.1:0"}}]
-services: [{{name: s, hosts: ["*"], routes: [{{name: r, experiment: e}}]}}]
-experiments: [{{name: e, salt: x, variants: [{{name: a, cluster: c, weight: 100}}]}}]
-clusters: [{{name: c, endpoints: ["{}"]}}]
-"#,
-        up.addr
-    );
-    let p = start_proxy(&cfg);
+    let p = start_proxy(&one_variant_config(up.addr));
     let addr = p.listener_addrs[0];
     let out = raw(addr, b"GET /fields HTTP/1.1\r\nhost: s\r\nconnection: close\r\n\r\n").await;
     let (head, body) = out.split_once("\r\n\r\n").unwrap();
@@ -395,6 +398,44 @@ async fn only_declared_request_trailers_go_upstream() {
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     let body = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
     assert_eq!(body, "5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n");
+}
+
+/// A client's header fields reach an HTTP/1.1 upstream as they came (weft's server does not
+/// parse them into a map on this path): case kept, repeats all there, hop-by-hop ones and the
+/// ones `Connection` names left out, and the proxy's own `x-weft-variant` and `traceparent`
+/// in place of the client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_fields_reach_the_upstream_without_hop_by_hop_ones() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sn = seen.clone();
+    let up = raw_upstream(move |mut s| {
+        let sn = sn.clone();
+        async move {
+            let mut pending = Vec::new();
+            while let Some(head) = read_head(&mut s, &mut pending).await {
+                sn.lock().unwrap().push(head);
+                if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    let p = start_proxy(&one_variant_config(up.addr));
+    let out = raw(
+        p.listener_addrs[0],
+        b"GET /f?q=1 HTTP/1.1\r\nHost: s\r\nX-Tag: 1\r\nx-tag: 2\r\nConnection: close, X-Hop\r\nX-Hop: gone\r\nKeep-Alive: 5\r\nTE: gzip\r\nUpgrade: foo\r\nX-Weft-Variant: zzz\r\nTraceparent: junk\r\nUser-Agent: test/1\r\n\r\n",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 200") && out.ends_with("ok"), "{out}");
+    let head = seen.lock().unwrap().pop().expect("the request reached the upstream");
+    assert!(head.starts_with("GET /f?q=1 HTTP/1.1\r\nHost: s\r\nX-Tag: 1\r\nx-tag: 2\r\nUser-Agent: test/1\r\n"), "{head}");
+    assert!(head.contains("\r\nx-weft-variant: a") && !head.contains("zzz"), "{head}");
+    let tp = head.lines().find_map(|l| l.strip_prefix("traceparent: ")).unwrap_or_else(|| panic!("{head}"));
+    assert_eq!((tp.len(), head.contains("junk")), (55, false), "a fresh trace replaces an invalid one: {head}");
+    for gone in ["X-Hop", "Keep-Alive", "TE:", "Upgrade", "Connection", "connection"] {
+        assert!(!head.contains(gone), "{gone} is not forwarded: {head}");
+    }
 }
 
 /// An upstream that answers at once and only then reads the upload (an accepted job, a

@@ -10,6 +10,7 @@ use std::mem::MaybeUninit;
 
 use super::Head as ReqHead;
 use super::fields::{Fields, Kind};
+use crate::headers::ReqHeaders;
 
 /// Most headers a response head may carry (hyper's default too).
 pub const MAX_HEADERS: usize = 100;
@@ -49,7 +50,7 @@ pub enum ReqFraming {
 /// GET, HEAD and CONNECT with a body of unknown length are sent without one (they almost
 /// never have bodies, and a `0` chunk on a GET confuses servers). Returns the framing and
 /// whether `content-length` / `transfer-encoding: chunked` must be added to the head.
-pub fn request_framing(method: &Method, headers: &HeaderMap, end_of_stream: bool, exact: Option<u64>) -> (ReqFraming, bool) {
+pub fn request_framing(method: &Method, headers: &ReqHeaders, end_of_stream: bool, exact: Option<u64>) -> (ReqFraming, bool) {
     if let Some(n) = content_length(headers) {
         return (ReqFraming::Length(n), false);
     }
@@ -68,8 +69,8 @@ pub fn request_framing(method: &Method, headers: &HeaderMap, end_of_stream: bool
 /// values given there, and the framing header when `add_framing`. A `content-length` that is
 /// not the one framing the body (invalid, or beside our own) is left out.
 pub fn encode_request_head(out: &mut Vec<u8>, head: &ReqHead<'_>, framing: ReqFraming, add_framing: bool) {
-    let (method, target) = (head.method.as_str(), head.target);
-    let size: usize = head.headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    let (method, target, h) = (head.method.as_str(), head.target, head.headers);
+    let size: usize = h.map.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>() + h.fields.as_ref().map_or(0, Fields::wire_len);
     let set_size: usize = head.set.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
     out.reserve(method.len() + target.len() + size + set_size + 48);
     out.extend_from_slice(method.as_bytes());
@@ -77,15 +78,29 @@ pub fn encode_request_head(out: &mut Vec<u8>, head: &ReqHead<'_>, framing: ReqFr
     out.extend_from_slice(if target.is_empty() { b"/" } else { target.as_bytes() });
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let keep_length = !add_framing && matches!(framing, ReqFraming::Length(_));
-    let fields = head.headers.iter().filter(|(k, _)| !head.set.iter().any(|(s, _)| s == k));
-    for (k, v) in fields.map(|(k, v)| (k, v.as_bytes())).chain(head.set.iter().map(|&(k, v)| (k, v))) {
-        if k == header::TRANSFER_ENCODING || (k == header::CONTENT_LENGTH && !keep_length) {
-            continue;
-        }
-        out.extend_from_slice(k.as_str().as_bytes());
+    let mut put = |k: &[u8], v: &[u8]| {
+        out.extend_from_slice(k);
         out.extend_from_slice(b": ");
         out.extend_from_slice(v);
         out.extend_from_slice(b"\r\n");
+    };
+    let set_here = |k: &[u8]| head.set.iter().any(|(s, _)| s.as_str().len() == k.len() && s.as_str().as_bytes().eq_ignore_ascii_case(k));
+    for (k, v) in &h.map {
+        if k == header::TRANSFER_ENCODING || (k == header::CONTENT_LENGTH && !keep_length) || head.set.iter().any(|(s, _)| *s == k) {
+            continue;
+        }
+        put(k.as_str().as_bytes(), v.as_bytes());
+    }
+    // The client's fields (hop-by-hop ones left out as they were read), except those the map
+    // or the set replace.
+    for (kind, k, v) in h.fields.iter().flat_map(Fields::entries) {
+        if (kind == Kind::ContentLength && !keep_length) || set_here(k) || crate::headers::holds(&h.map, k) {
+            continue;
+        }
+        put(k, v);
+    }
+    for &(k, v) in head.set {
+        put(k.as_str().as_bytes(), v);
     }
     if add_framing {
         match framing {
@@ -165,10 +180,10 @@ pub fn trailers_named<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<HeaderN
 }
 
 /// A request's `content-length`, if it has a valid one (several equal values count as one).
-fn content_length(headers: &HeaderMap) -> Option<u64> {
-    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
-    let first = parse_length(values.next()?.as_bytes()).ok()?;
-    values.all(|v| parse_length(v.as_bytes()) == Ok(first)).then_some(first)
+fn content_length(headers: &ReqHeaders) -> Option<u64> {
+    let mut values = headers.get_all(&header::CONTENT_LENGTH);
+    let first = parse_length(values.next()?).ok()?;
+    values.all(|v| parse_length(v) == Ok(first)).then_some(first)
 }
 
 /// How a response body is delimited (RFC 9112 §6.3).
@@ -233,36 +248,10 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
     }
 }
 
+
 /// Where a header's name and value lie in its message head: (name start, name end, value
 /// start, value end).
 pub(super) type Span = (u32, u32, u32, u32);
-
-/// The [`Span`] of each header httparse found in `buf`, so that the map built once the head is
-/// frozen shares its memory. Returns how many there are.
-pub(super) fn spans_of(buf: &[u8], headers: &[httparse::Header<'_>], out: &mut [Span; MAX_HEADERS]) -> usize {
-    let base = buf.as_ptr() as usize;
-    for (slot, h) in out.iter_mut().zip(headers) {
-        let n = (h.name.as_ptr() as usize - base) as u32;
-        let v = (h.value.as_ptr() as usize - base) as u32;
-        *slot = (n, n + h.name.len() as u32, v, v + h.value.len() as u32);
-    }
-    headers.len()
-}
-
-/// Append the headers at `spans` of the frozen `head` (parsed by httparse) to `headers`
-/// (values share `head`), noting what they say about framing and the connection. `Err` names
-/// what is wrong.
-pub(super) fn fill_headers(head: &Bytes, spans: &[Span], headers: &mut HeaderMap) -> Result<Framing, String> {
-    let mut seen = Framing::default();
-    for &(n0, n1, v0, v1) in spans {
-        let (n0, n1, v0, v1) = (n0 as usize, n1 as usize, v0 as usize, v1 as usize);
-        let name = HeaderName::from_bytes(&head[n0..n1]).map_err(|_| "invalid header name".to_string())?;
-        let value = HeaderValue::from_maybe_shared(head.slice(v0..v1)).map_err(|_| format!("invalid value of header {name}"))?;
-        seen.note(Kind::of(name.as_str().as_bytes()), value.as_bytes());
-        headers.append(name, value);
-    }
-    Ok(seen)
-}
 
 /// What a message's headers say about its framing and its connection, noted as the headers
 /// are read (so none is looked up again).
@@ -605,14 +594,14 @@ mod tests {
     fn request_heads_carry_the_framing_the_body_needs() {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("svc"));
-        let framing = |m: &Method, h: &HeaderMap, eos, exact| request_framing(m, h, eos, exact);
+        let framing = |m: &Method, h: &HeaderMap, eos, exact| request_framing(m, &ReqHeaders::new(h.clone(), None), eos, exact);
         assert_eq!(framing(&Method::GET, &h, true, Some(0)), (ReqFraming::Empty, false));
         assert_eq!(framing(&Method::POST, &h, false, Some(5)), (ReqFraming::Length(5), true));
         assert_eq!(framing(&Method::POST, &h, false, None), (ReqFraming::Chunked, true));
         assert_eq!(framing(&Method::GET, &h, false, None), (ReqFraming::Empty, false));
         let encode = |method: &Method, target: &str, headers: &HeaderMap, (f, add): (ReqFraming, bool)| {
             let mut out = Vec::new();
-            encode_request_head(&mut out, &ReqHead { method, target, headers, set: &[] }, f, add);
+            encode_request_head(&mut out, &ReqHead { method, target, headers: &ReqHeaders::new(headers.clone(), None), set: &[] }, f, add);
             out
         };
         let out = encode(&Method::POST, "/v2/models/m/infer?x=1", &h, (ReqFraming::Length(5), true));
@@ -643,7 +632,7 @@ mod tests {
         let (tp, v) = (HeaderName::from_static("traceparent"), HeaderName::from_static("x-weft-variant"));
         let set: [(&HeaderName, &[u8]); 2] = [(&tp, b"00-ab-cd-01"), (&v, b"b")];
         let mut out = Vec::new();
-        encode_request_head(&mut out, &ReqHead { method: &Method::GET, target: "/", headers: &h, set: &set }, ReqFraming::Empty, false);
+        encode_request_head(&mut out, &ReqHead { method: &Method::GET, target: "/", headers: &ReqHeaders::new(h, None), set: &set }, ReqFraming::Empty, false);
         assert_eq!(out, b"GET / HTTP/1.1\r\nhost: svc\r\nx-user-id: 7\r\ntraceparent: 00-ab-cd-01\r\nx-weft-variant: b\r\n\r\n");
     }
 

@@ -1,16 +1,17 @@
-//! An HTTP/1.1 upstream response's header fields as they arrived: the head's bytes and where
-//! each field lies, not parsed into a `HeaderMap`.
+//! A message's header fields as they arrived over HTTP/1.1 (a response from an upstream, a
+//! request from a client): the head's bytes and where each field lies, not parsed into a
+//! `HeaderMap`.
 //!
 //! Why: a map costs ≈ 570 instructions per field to build (the name's lookup, the value's
-//! check, hashing it in; callgrind, stop 31), and a response going from an HTTP/1.1 upstream
-//! to an HTTP/1.1 client only needs its fields copied out again. httparse has already checked
-//! every name (a token) and every value (the byte set `HeaderValue` allows), so they can be
-//! written as they came. A map is built only where one is needed: for an HTTP/2 client
+//! check, hashing it in; callgrind, stop 31), and a message going from HTTP/1.1 to HTTP/1.1
+//! only needs its fields looked at a few times and copied out again. httparse has already
+//! checked every name (a token) and every value (the byte set `HeaderValue` allows), so they
+//! can be written as they came. A map is built only where one is needed: for HTTP/2
 //! ([`Fields::move_into`]).
 //!
 //! Hop-by-hop fields (RFC 9110 §7.6.1), and the fields `Connection` names, are left out as the
-//! head is read, the rule `strip_hop_by_hop` applies to maps. Fields in the response's own
-//! map (those the proxy sets, such as `x-weft-variant`) replace the same-named ones here.
+//! head is read, the rule `strip_hop_by_hop` applies to maps. Fields in a map beside these
+//! (those the proxy sets, such as `x-weft-variant`) replace the same-named ones here.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -82,8 +83,8 @@ pub(super) struct Field {
     kind: Kind,
 }
 
-/// A response's forwardable header fields, sharing the memory of its frozen head.
-#[derive(Debug, Default)]
+/// A message's forwardable header fields, sharing the memory of its frozen head.
+#[derive(Debug, Default, Clone)]
 pub struct Fields {
     head: Bytes,
     list: Vec<Field>,
@@ -158,14 +159,27 @@ impl Fields {
         self.entries().map(|(_, n, v)| (n, v))
     }
 
+    /// The first value of the field named `name`, sharing the head's memory.
+    pub fn get_shared(&self, name: &str) -> Option<Bytes> {
+        let f = self.list.iter().find(|f| named(&self.head, f, name))?;
+        Some(self.head.slice(f.span.2 as usize..f.span.3 as usize))
+    }
+
+    /// Leave out every field named `name`.
+    pub fn remove(&mut self, name: &str) {
+        let head = &self.head;
+        self.list.retain(|f| !named(head, f, name));
+    }
+
     /// The first value of the field named `name` (ASCII case-insensitive).
     pub fn get(&self, name: &str) -> Option<&[u8]> {
-        self.iter().find_map(|(n, v)| n.eq_ignore_ascii_case(name.as_bytes()).then_some(v))
+        let f = self.list.iter().find(|f| named(&self.head, f, name))?;
+        Some(&self.head[f.span.2 as usize..f.span.3 as usize])
     }
 
     /// Every value of the field named `name` (ASCII case-insensitive), in order.
     pub fn get_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.iter().filter(move |(n, _)| n.eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v)
+        self.list.iter().filter(move |f| named(&self.head, f, name)).map(|f| &self.head[f.span.2 as usize..f.span.3 as usize])
     }
 
     /// Bytes the fields take as `name: value\r\n` lines.
@@ -176,6 +190,11 @@ impl Fields {
     /// Append the fields to `map`, except those whose name `map` already holds (its own
     /// replace them). Values share the head's memory.
     pub fn move_into(self, map: &mut HeaderMap) {
+        self.copy_into(map);
+    }
+
+    /// [`Fields::move_into`], keeping these.
+    pub fn copy_into(&self, map: &mut HeaderMap) {
         let own: Vec<HeaderName> = map.keys().cloned().collect();
         for f in &self.list {
             let s = f.span;
@@ -190,6 +209,13 @@ impl Fields {
             }
         }
     }
+}
+
+/// Whether `f` of `head` is named `name` (ASCII case-insensitive). Every request looks up half
+/// a dozen names, most of them absent: the lengths differ for nearly every field, and are
+/// compared first.
+fn named(head: &[u8], f: &Field, name: &str) -> bool {
+    (f.span.1 - f.span.0) as usize == name.len() && head[f.span.0 as usize..f.span.1 as usize].eq_ignore_ascii_case(name.as_bytes())
 }
 
 /// The field names a `Connection` value lists, besides its `close` and `keep-alive` options.
@@ -275,6 +301,15 @@ mod tests {
         assert_eq!(map.get_all("x-weft-variant").iter().collect::<Vec<_>>(), ["a"], "the map's own value wins");
         assert_eq!(map.get_all("set-cookie").iter().collect::<Vec<_>>(), ["a=1", "b=2"], "repeated fields all arrive");
         assert_eq!(map["content-length"], "3");
+    }
+
+    #[test]
+    fn fields_can_be_looked_up_shared_and_removed_by_name() {
+        let (mut f, _) = read(&["Host: ranker", "X-Weft-Variant: b", "x-weft-variant: c", "Accept: */*"]);
+        assert_eq!(f.get_shared("host").as_deref(), Some(&b"ranker"[..]));
+        f.remove("x-weft-variant");
+        assert_eq!(f.iter().map(|(n, _)| n).collect::<Vec<_>>(), [&b"Host"[..], b"Accept"]);
+        assert_eq!(f.get_shared("x-weft-variant"), None);
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub mod request;
 pub mod server;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, Method, Response};
+use http::{HeaderName, Method, Response};
 use http_body::{Body as _, Frame, SizeHint};
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -79,7 +79,7 @@ pub struct Head<'a> {
     pub method: &'a Method,
     /// Origin form: path and query.
     pub target: &'a str,
-    pub headers: &'a HeaderMap,
+    pub headers: &'a crate::headers::ReqHeaders,
     pub set: &'a [(&'a HeaderName, &'a [u8])],
 }
 
@@ -161,7 +161,7 @@ impl Conn {
         let mut upload = match framing {
             ReqFraming::Empty => None,
             _ if inline => None,
-            f => Some(Box::new(Upload::new(body, f, codec::declared_trailers(head.headers)))),
+            f => Some(Box::new(Upload::new(body, f, codec::trailers_named(head.headers.get_all(&http::header::TRAILER))))),
         };
         let head_request = method == Method::HEAD;
         let mut write_error = None;

@@ -8,11 +8,8 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Uri, Version};
 use std::mem::MaybeUninit;
 
-use super::codec::{self, MAX_HEADERS, RespFraming, Span};
+use super::codec::{self, MAX_HEADERS, RespFraming};
 use super::fields::{Fields, Kind};
-
-/// Room for headers added to a parsed request's map (trace context, variant, forwarded-for).
-const SPARE_HEADERS: usize = 4;
 
 /// A parsed request head.
 #[derive(Debug)]
@@ -20,7 +17,8 @@ pub struct ReqHead {
     pub method: Method,
     pub uri: Uri,
     pub version: Version,
-    pub headers: HeaderMap,
+    /// The header fields to forward (hop-by-hop ones left out), unparsed: see [`Fields`].
+    pub fields: Fields,
     /// How the body is delimited; `None`: the request has no body.
     pub body: Option<RespFraming>,
     /// The client lets the connection carry another request after this one.
@@ -46,7 +44,7 @@ fn too_large<T>(why: impl Into<String>) -> Result<T, Reject> {
 
 /// Parse a request head from the front of `buf`, consuming it. `Ok(None)`: more bytes are
 /// needed (and fewer than `max_head` arrived). Empty lines before the request line are skipped
-/// (RFC 9112 §2.2). Header values share `buf`'s memory.
+/// (RFC 9112 §2.2). The fields share `buf`'s memory.
 pub fn parse_request(buf: &mut BytesMut, max_head: usize) -> Result<Option<ReqHead>, Reject> {
     let blank = buf.iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
     if blank > 0 {
@@ -69,12 +67,11 @@ pub fn parse_request(buf: &mut BytesMut, max_head: usize) -> Result<Option<ReqHe
         let start = target.as_ptr() as usize - buf.as_ptr() as usize;
         (start, start + target.len())
     };
-    let mut spans: [Span; MAX_HEADERS] = [(0, 0, 0, 0); MAX_HEADERS];
-    let count = codec::spans_of(buf, req.headers, &mut spans);
+    let mut seen = codec::Framing::default();
+    let list = Fields::read(buf, req.headers, &mut seen);
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(t0..t1)).map_err(|_| Reject { status: StatusCode::BAD_REQUEST, why: "invalid request target".into() })?;
-    let mut headers = crate::headers::reuse(count + SPARE_HEADERS);
-    let seen = codec::fill_headers(&head, &spans[..count], &mut headers).map_err(|why| Reject { status: StatusCode::BAD_REQUEST, why })?;
+    let mut fields = Fields::new(head, list);
     // RFC 9112 §6.3: a transfer coding frames the body, and only chunked, last, can; with a
     // content-length beside it the length goes (it could smuggle a second request) and the
     // connection closes after this exchange.
@@ -86,7 +83,7 @@ pub fn parse_request(buf: &mut BytesMut, max_head: usize) -> Result<Option<ReqHe
             return bad("transfer-encoding whose last coding is not chunked");
         }
         if seen.both_framings() {
-            headers.remove(header::CONTENT_LENGTH);
+            fields.drop_content_length();
         }
         Some(RespFraming::Chunked)
     } else {
@@ -98,7 +95,7 @@ pub fn parse_request(buf: &mut BytesMut, max_head: usize) -> Result<Option<ReqHe
     };
     let keep_alive = seen.persists(version) && !seen.both_framings();
     let expect_continue = seen.expect_continue && version == Version::HTTP_11 && body.is_some();
-    Ok(Some(ReqHead { method, uri, version, headers, body, keep_alive, expect_continue }))
+    Ok(Some(ReqHead { method, uri, version, fields, body, keep_alive, expect_continue }))
 }
 
 /// How a response body goes out.
@@ -176,7 +173,7 @@ pub fn encode_response_head(out: &mut Vec<u8>, resp: &RespHead<'_>, framing: Out
     }
     // The upstream's fields (hop-by-hop ones already left out), except those the map replaces.
     for (kind, k, v) in resp.fields.into_iter().flat_map(Fields::entries) {
-        if (kind == Kind::ContentLength && drop_length) || (!resp.headers.is_empty() && in_map(resp.headers, k)) {
+        if (kind == Kind::ContentLength && drop_length) || crate::headers::holds(resp.headers, k) {
             continue;
         }
         date |= kind == Kind::Date;
@@ -215,11 +212,6 @@ pub struct RespHead<'a> {
     pub fields: Option<&'a Fields>,
     /// The upstream's own reason phrase, when it was not the status's canonical one.
     pub reason: Option<&'a [u8]>,
-}
-
-/// Whether `map` holds a field named `name` (ASCII case-insensitive; map names are lowercase).
-fn in_map(map: &HeaderMap, name: &[u8]) -> bool {
-    map.keys().any(|k| k.as_str().as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// The current time as an HTTP date, formatted once per second per thread: a response that
@@ -280,8 +272,8 @@ mod tests {
         assert_eq!((h.method, h.version, h.body, h.keep_alive), (Method::GET, Version::HTTP_11, None, true));
         assert_eq!(h.uri.path(), "/v2/models/m/infer");
         assert_eq!(h.uri.query(), Some("x=1"));
-        assert_eq!(h.headers["host"], "ranker");
-        assert_eq!(h.headers["x-a"], "1");
+        assert_eq!(h.fields.get("host"), Some(&b"ranker"[..]));
+        assert_eq!(h.fields.get("x-a"), Some(&b"1"[..]));
         assert_eq!(&buf[..], b"GET /next", "only the head is consumed");
     }
 
@@ -319,7 +311,7 @@ mod tests {
         assert_eq!((h.body, h.keep_alive, h.expect_continue), (Some(RespFraming::Chunked), true, true));
         let h = parse("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n").unwrap().unwrap();
         assert_eq!((h.body, h.keep_alive), (Some(RespFraming::Chunked), false), "both framings: chunked, then close");
-        assert!(!h.headers.contains_key("content-length"));
+        assert!(h.fields.get("content-length").is_none());
         let h = parse("GET / HTTP/1.1\r\nConnection: close\r\n\r\n").unwrap().unwrap();
         assert!(!h.keep_alive);
         let h = parse("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();

@@ -122,8 +122,8 @@ pub async fn serve(sh: Arc<Shared>, li: usize, tcp: TcpStream, first: BytesMut, 
         };
         let keep = head.keep_alive;
         let (method, version) = (head.method.clone(), head.version);
-        let (req, slot) = conn.request(head);
-        let resp = match crate::proxy::handle(sh.clone(), li, req).await {
+        let (req, fields, slot) = conn.request(head);
+        let resp = match crate::proxy::handle(sh.clone(), li, req, fields).await {
             Ok(r) => r,
             Err(never) => match never {},
         };
@@ -234,9 +234,10 @@ impl Conn {
         .await
     }
 
-    /// The request the handler sees. A body takes the read side along, to give it back
-    /// through the returned slot.
-    fn request(&mut self, head: ReqHead) -> (Request<DownBody>, Option<Arc<Slot>>) {
+    /// The request the handler sees, and its header fields (which are not in its map: see
+    /// [`super::fields`]). A body takes the read side along, to give it back through the
+    /// returned slot.
+    fn request(&mut self, head: ReqHead) -> (Request<DownBody>, Option<super::Fields>, Option<Arc<Slot>>) {
         let (body, slot) = match head.body {
             None => (DownBody::empty(), None),
             Some(framing) => {
@@ -250,8 +251,7 @@ impl Conn {
         *req.method_mut() = head.method;
         *req.uri_mut() = head.uri;
         *req.version_mut() = head.version;
-        *req.headers_mut() = head.headers;
-        (req, slot)
+        (req, Some(head.fields), slot)
     }
 
     /// Write the response. Returns whether the connection may carry another exchange as far
