@@ -51,7 +51,10 @@ impl ReqHeaders {
 
     /// The first value of `name`.
     pub fn get(&self, name: &HeaderName) -> Option<&[u8]> {
-        if let Some(v) = find(&self.map, name) {
+        // An HTTP/1.1 request's map is empty unless the proxy added to it.
+        if !self.map.is_empty()
+            && let Some(v) = find(&self.map, name)
+        {
             return Some(v.as_bytes());
         }
         self.fields.as_ref()?.get(name.as_str())
@@ -65,7 +68,9 @@ impl ReqHeaders {
     /// The first value of `name`, sharing the head's memory when it is among the fields (a
     /// map's value is copied).
     pub fn get_shared(&self, name: &HeaderName) -> Option<bytes::Bytes> {
-        if let Some(v) = find(&self.map, name) {
+        if !self.map.is_empty()
+            && let Some(v) = find(&self.map, name)
+        {
             return Some(bytes::Bytes::copy_from_slice(v.as_bytes()));
         }
         self.fields.as_ref()?.get_shared(name.as_str())
