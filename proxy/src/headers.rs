@@ -76,11 +76,17 @@ impl ReqHeaders {
         self.fields.as_ref()?.get_shared(name.as_str())
     }
 
+    /// Whether the proxy sees a value of `name` (forwarded or not: see [`Fields::get`]).
     pub fn contains(&self, name: &HeaderName) -> bool {
         self.get(name).is_some()
     }
 
-    /// Every value of `name`, the map's first.
+    /// Whether a value of `name` goes upstream.
+    pub fn forwards(&self, name: &HeaderName) -> bool {
+        self.get_all(name).next().is_some()
+    }
+
+    /// Every forwarded value of `name`, the map's first.
     pub fn get_all<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
         let hidden = !self.map.is_empty() && self.map.contains_key(name);
         let fields = self.fields.iter().filter(move |_| !hidden).flat_map(move |f| f.get_all(name.as_str()));

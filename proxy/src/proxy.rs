@@ -930,7 +930,7 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 fn prepare_headers(h: &mut ReqHeaders, authority: &Bytes) {
     // The fields weft's HTTP/1.1 server read had theirs left out already (`h1::fields`).
     strip_hop_by_hop(&mut h.map);
-    if !h.contains(&header::HOST)
+    if !h.forwards(&header::HOST)
         && let Ok(v) = HeaderValue::from_maybe_shared(authority.clone())
     {
         h.insert(header::HOST, v);

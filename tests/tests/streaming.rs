@@ -160,6 +160,29 @@ async fn h2c_downstream_to_http1_upstream() {
     assert_eq!(&body[..], b"a");
 }
 
+/// An HTTP/1.1 client's header fields reach an HTTP/2 upstream in its header block (weft's
+/// server reads them without a map; one is built for HTTP/2), on a first try that a retry
+/// could follow: repeats all there, hop-by-hop ones gone but `te: trailers`, no Host (it is
+/// the :authority), and the proxy's traceparent in place of the client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_downstream_fields_reach_an_http2_upstream() {
+    let up = Upstream::start("a").await;
+    let p = start_proxy(&single(up.addr, "http2"));
+    let out = raw(
+        p.listener_addrs[0],
+        b"GET /headers HTTP/1.1\r\nHost: a\r\nX-Tag: 1\r\nTE: trailers\r\nConnection: close, X-Hop\r\nX-Hop: gone\r\nKeep-Alive: 5\r\nTraceparent: junk\r\n\r\n",
+    )
+    .await;
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let seen: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!((seen["x-tag"].as_str(), seen["te"].as_str()), (Some("1"), Some("trailers")), "{seen}");
+    for gone in ["x-hop", "keep-alive", "connection", "host"] {
+        assert!(seen.get(gone).is_none(), "{gone} is not forwarded: {seen}");
+    }
+    assert_eq!(seen["traceparent"].as_str().map(str::len), Some(55), "{seen}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_unary_and_server_streaming_pass() {
     use tonic_health::pb::health_client::HealthClient;

@@ -9,9 +9,12 @@
 //! can be written as they came. A map is built only where one is needed: for HTTP/2
 //! ([`Fields::move_into`]).
 //!
-//! Hop-by-hop fields (RFC 9110 §7.6.1), and the fields `Connection` names, are left out as the
-//! head is read, the rule `strip_hop_by_hop` applies to maps. Fields in a map beside these
-//! (those the proxy sets, such as `x-weft-variant`) replace the same-named ones here.
+//! Hop-by-hop fields (RFC 9110 §7.6.1) are left out as the head is read, the rule
+//! `strip_hop_by_hop` applies to maps. The fields `Connection` names are kept but marked: they
+//! are not forwarded, yet the proxy still reads them ([`Fields::get`]), as it did when a map's
+//! were stripped only after routing (a client's `Connection: host` must not lose it its
+//! route). Fields in a map beside these (those the proxy sets, such as `x-weft-variant`)
+//! replace the same-named ones here.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -81,6 +84,8 @@ fn folded_eq(name: &[u8], lower: &[u8]) -> bool {
 pub(super) struct Field {
     span: Span,
     kind: Kind,
+    /// `Connection` names it: read, never forwarded.
+    listed: bool,
 }
 
 /// A message's forwardable header fields, sharing the memory of its frozen head.
@@ -92,8 +97,9 @@ pub struct Fields {
 
 impl Fields {
     /// The fields httparse found in `buf` (`headers` borrow from it), noting what they say
-    /// about framing and the connection in `seen`; hop-by-hop ones are noted but not kept.
-    /// Where they lie is kept, to be read from `buf` once frozen ([`Fields::new`]).
+    /// about framing and the connection in `seen`; hop-by-hop ones are noted but not kept, and
+    /// those `Connection` names are marked. Where they lie is kept, to be read from `buf` once
+    /// frozen ([`Fields::new`]).
     pub(super) fn read(buf: &[u8], headers: &[httparse::Header<'_>], seen: &mut Framing) -> Vec<Field> {
         let base = buf.as_ptr() as usize;
         let mut list = Vec::with_capacity(headers.len());
@@ -113,16 +119,18 @@ impl Fields {
                 _ => {}
             }
             let (n, v) = ((name.as_ptr() as usize - base) as u32, (value.as_ptr() as usize - base) as u32);
-            list.push(Field { span: (n, n + name.len() as u32, v, v + value.len() as u32), kind });
+            list.push(Field { span: (n, n + name.len() as u32, v, v + value.len() as u32), kind, listed: false });
         }
         if names_others {
-            // Rare: leave out the fields the `Connection` header names.
+            // Rare: mark the fields the `Connection` header names.
             let named: Vec<&[u8]> = headers
                 .iter()
                 .filter(|h| Kind::of(h.name.as_bytes()) == Kind::Connection)
                 .flat_map(|h| connection_names(h.value))
                 .collect();
-            list.retain(|f| !named.iter().any(|n| n.eq_ignore_ascii_case(&buf[f.span.0 as usize..f.span.1 as usize])));
+            for f in &mut list {
+                f.listed = named.iter().any(|n| n.eq_ignore_ascii_case(&buf[f.span.0 as usize..f.span.1 as usize]));
+            }
         }
         list
     }
@@ -137,29 +145,34 @@ impl Fields {
         self.list.retain(|f| f.kind != Kind::ContentLength);
     }
 
+    /// How many fields are forwarded.
     pub fn len(&self) -> usize {
-        self.list.len()
+        self.forwarded().count()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
+        self.len() == 0
     }
 
-    /// Each field's kind, name (as the upstream spelled it) and value, in order.
+    fn forwarded(&self) -> impl Iterator<Item = &Field> {
+        self.list.iter().filter(|f| !f.listed)
+    }
+
+    /// Each forwarded field's kind, name (as the peer spelled it) and value, in order.
     pub(super) fn entries(&self) -> impl Iterator<Item = (Kind, &[u8], &[u8])> {
         let h = &self.head;
-        self.list.iter().map(move |f| {
+        self.forwarded().map(move |f| {
             let s = f.span;
             (f.kind, &h[s.0 as usize..s.1 as usize], &h[s.2 as usize..s.3 as usize])
         })
     }
 
-    /// Each field's name and value, in order.
+    /// Each forwarded field's name and value, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.entries().map(|(_, n, v)| (n, v))
     }
 
-    /// The first value of the field named `name`, sharing the head's memory.
+    /// [`Fields::get`], sharing the head's memory.
     pub fn get_shared(&self, name: &str) -> Option<Bytes> {
         let f = self.list.iter().find(|f| named(&self.head, f, name))?;
         Some(self.head.slice(f.span.2 as usize..f.span.3 as usize))
@@ -171,20 +184,23 @@ impl Fields {
         self.list.retain(|f| !named(head, f, name));
     }
 
-    /// The first value of the field named `name` (ASCII case-insensitive).
+    /// The first value of the field named `name` (ASCII case-insensitive), forwarded or not
+    /// (one that `Connection` names is read too: routing, trace context and tenant saw it
+    /// when maps were stripped only after them).
     pub fn get(&self, name: &str) -> Option<&[u8]> {
         let f = self.list.iter().find(|f| named(&self.head, f, name))?;
         Some(&self.head[f.span.2 as usize..f.span.3 as usize])
     }
 
-    /// Every value of the field named `name` (ASCII case-insensitive), in order.
+    /// Every forwarded value of the field named `name` (ASCII case-insensitive), in order: what
+    /// framing and declared trailers are decided on, since it is what the peer will see.
     pub fn get_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.list.iter().filter(move |f| named(&self.head, f, name)).map(|f| &self.head[f.span.2 as usize..f.span.3 as usize])
+        self.forwarded().filter(move |f| named(&self.head, f, name)).map(|f| &self.head[f.span.2 as usize..f.span.3 as usize])
     }
 
-    /// Bytes the fields take as `name: value\r\n` lines.
+    /// Bytes the forwarded fields take as `name: value\r\n` lines.
     pub(super) fn wire_len(&self) -> usize {
-        self.list.iter().map(|f| (f.span.1 - f.span.0 + f.span.3 - f.span.2) as usize + 4).sum()
+        self.forwarded().map(|f| (f.span.1 - f.span.0 + f.span.3 - f.span.2) as usize + 4).sum()
     }
 
     /// Append the fields to `map`, except those whose name `map` already holds (its own
@@ -196,7 +212,7 @@ impl Fields {
     /// [`Fields::move_into`], keeping these.
     pub fn copy_into(&self, map: &mut HeaderMap) {
         let own: Vec<HeaderName> = map.keys().cloned().collect();
-        for f in &self.list {
+        for f in self.forwarded() {
             let s = f.span;
             // Both checks passed in httparse already (a token; `HeaderValue`'s byte set); a
             // field that still fails (a name over http's 64 KiB) cannot be sent and is left out.
@@ -242,6 +258,20 @@ mod tests {
     }
 
     #[test]
+    fn the_eight_byte_compare_agrees_with_case_folding_for_every_token_byte() {
+        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        for target in [&b"connection"[..], b"keep-alive", b"content-length", b"proxy-connection", b"transfer-encoding", b"proxy-authenticate"] {
+            for at in 0..target.len() {
+                for b in (0..=255u8).filter(|&b| token(b)) {
+                    let mut name = target.to_vec();
+                    name[at] = b;
+                    assert_eq!(folded_eq(&name, target), name.eq_ignore_ascii_case(target), "{:?}", String::from_utf8_lossy(&name));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn names_are_classified_whatever_their_case() {
         for (n, k) in [
             ("Content-Length", Kind::ContentLength),
@@ -268,7 +298,7 @@ mod tests {
     }
 
     #[test]
-    fn hop_by_hop_fields_and_those_connection_names_are_left_out() {
+    fn hop_by_hop_fields_and_those_connection_names_are_not_forwarded() {
         let (f, seen) = read(&[
             "Content-Type: text/plain",
             "Connection: keep-alive, X-Private",
@@ -285,7 +315,12 @@ mod tests {
         assert!(seen.chunked && seen.keep_alive && !seen.close, "the framing was still read from them");
         assert_eq!(f.get("content-type"), Some(&b"text/plain"[..]));
         assert_eq!(f.get_all("SET-COOKIE").collect::<Vec<_>>(), [&b"a=1"[..], b"b=2"]);
-        assert_eq!(f.get("x-private"), None);
+        assert_eq!(f.get("x-private"), Some(&b"secret"[..]), "a field Connection names is still read");
+        assert_eq!(f.get_all("x-private").count(), 0, "but not forwarded");
+        assert_eq!(f.len(), 3);
+        let mut map = HeaderMap::new();
+        f.copy_into(&mut map);
+        assert!(!map.contains_key("x-private"));
         assert_eq!(f.wire_len(), "Content-Type: text/plain\r\nSet-Cookie: a=1\r\nset-cookie: b=2\r\n".len());
 
         let (f, _) = read(&["TE: trailers", "Connection: close"]);

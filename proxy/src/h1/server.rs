@@ -259,7 +259,10 @@ impl Conn {
     async fn respond(&mut self, resp: Response<RespBody>, head_request: bool, version: Version, keep_alive: bool, slot: Option<&Slot>) -> Option<bool> {
         let (parts, mut body) = resp.into_parts();
         let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>().map(|r| r.as_bytes());
-        let head = RespHead { status: parts.status, version, headers: &parts.headers, fields: body.fields(), reason };
+        // Taken, not borrowed: the fields hold the upstream's head (and the read buffer it
+        // shares), which must not live as long as a stream's body.
+        let fields = body.take_fields();
+        let head = RespHead { status: parts.status, version, headers: &parts.headers, fields: fields.as_deref(), reason };
         let (framing, add) = request::response_framing(&head, head_request, body.size_hint().exact());
         let keep_alive = keep_alive && framing != Out::Close;
         self.out.buf.clear();
@@ -272,6 +275,7 @@ impl Conn {
             _ => Vec::new(),
         };
         crate::headers::recycle(parts.headers);
+        drop(fields);
         let left = if let Out::Length(n) = framing { n } else { 0 };
         let mut sent = BodyOut { framing, left, trailers, ended: false };
         let ok = poll_fn(|cx| self.poll_body(cx, Pin::new(&mut body), &mut sent)).await.is_ok();
