@@ -83,7 +83,7 @@ impl ReqHeaders {
 
     /// Whether a value of `name` goes upstream.
     pub fn forwards(&self, name: &HeaderName) -> bool {
-        self.get_all(name).next().is_some()
+        (!self.map.is_empty() && self.map.contains_key(name)) || self.fields.as_ref().is_some_and(|f| f.forwards(name.as_str()))
     }
 
     /// Every forwarded value of `name`, the map's first.

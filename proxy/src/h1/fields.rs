@@ -198,6 +198,11 @@ impl Fields {
         self.forwarded().filter(move |f| named(&self.head, f, name)).map(|f| &self.head[f.span.2 as usize..f.span.3 as usize])
     }
 
+    /// Whether a field named `name` is forwarded.
+    pub fn forwards(&self, name: &str) -> bool {
+        self.forwarded().any(|f| named(&self.head, f, name))
+    }
+
     /// Bytes the forwarded fields take as `name: value\r\n` lines.
     pub(super) fn wire_len(&self) -> usize {
         self.forwarded().map(|f| (f.span.1 - f.span.0 + f.span.3 - f.span.2) as usize + 4).sum()
