@@ -125,7 +125,7 @@ impl ReqHeaders {
     pub fn into_map(mut self) -> HeaderMap {
         let mut map = std::mem::take(&mut self.map);
         if let Some(f) = self.fields.take() {
-            f.move_into(&mut map);
+            f.copy_into(&mut map);
         }
         map
     }

@@ -310,7 +310,7 @@ async fn serve_h2(sh: Arc<Shared>, li: usize, tcp: TcpStream, read: Bytes, max_h
             // An HTTP/1.1 upstream's fields travel beside the map (`h1::fields`); hyper's
             // HTTP/2 writer needs them in it.
             if let Some(f) = resp.body_mut().take_fields() {
-                f.move_into(resp.headers_mut());
+                f.copy_into(resp.headers_mut());
             }
             Ok::<_, std::convert::Infallible>(resp)
         }

@@ -54,6 +54,27 @@ async fn read_head(s: &mut TcpStream, pending: &mut Vec<u8>) -> Option<String> {
     }
 }
 
+/// An upstream that reads each connection's first request head, then hands the socket, the
+/// bytes read past the head, and `state` (the test's record of what it saw) to `then`.
+async fn after_first_head<S, F, Fut>(state: Arc<S>, then: F) -> RawUpstream
+where
+    S: Send + Sync + 'static,
+    F: Fn(TcpStream, Vec<u8>, Arc<S>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let then = Arc::new(then);
+    raw_upstream(move |mut s| {
+        let (state, then) = (state.clone(), then.clone());
+        async move {
+            let mut pending = Vec::new();
+            if read_head(&mut s, &mut pending).await.is_some() {
+                then(s, pending, state).await;
+            }
+        }
+    })
+    .await
+}
+
 /// What the scripted upstream sends for a path, and whether it then closes the connection.
 fn script(path: &str) -> (&'static [u8], bool) {
     match path {
@@ -305,24 +326,16 @@ async fn dead_idle_connections_give_their_places_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_body_that_fails_after_the_response_head_ends_both_sides() {
     let saw_eof = Arc::new(AtomicBool::new(false));
-    let eof = saw_eof.clone();
-    let up = raw_upstream(move |mut s| {
-        let eof = eof.clone();
-        async move {
-            let mut pending = Vec::new();
-            if read_head(&mut s, &mut pending).await.is_none() {
-                return;
+    let up = after_first_head(saw_eof.clone(), |mut s, mut pending, eof| async move {
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").await;
+        let mut buf = [0u8; 8192];
+        while !pending.windows(5).any(|w| w == b"0\r\n\r\n") {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return eof.store(true, SeqCst),
+                Ok(n) => pending.extend_from_slice(&buf[..n]),
             }
-            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").await;
-            let mut buf = [0u8; 8192];
-            while !pending.windows(5).any(|w| w == b"0\r\n\r\n") {
-                match s.read(&mut buf).await {
-                    Ok(0) | Err(_) => return eof.store(true, SeqCst),
-                    Ok(n) => pending.extend_from_slice(&buf[..n]),
-                }
-            }
-            let _ = s.write_all(b"4\r\ndone\r\n0\r\n\r\n").await;
         }
+        let _ = s.write_all(b"4\r\ndone\r\n0\r\n\r\n").await;
     })
     .await;
     let p = start_proxy(&config(up.addr, ""));
@@ -368,25 +381,17 @@ async fn an_early_answer_reaches_a_client_still_uploading() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_declared_request_trailers_go_upstream() {
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let sn = seen.clone();
-    let up = raw_upstream(move |mut s| {
-        let sn = sn.clone();
-        async move {
-            let mut pending = Vec::new();
-            if read_head(&mut s, &mut pending).await.is_none() {
-                return;
+    let up = after_first_head(seen.clone(), |mut s, mut pending, sn| async move {
+        let mut buf = [0u8; 8192];
+        // The chunked body ends with a blank line after the last chunk and its trailers.
+        while !(pending.windows(3).any(|w| w == b"\n0\r" || w == b"0\r\n") && pending.ends_with(b"\r\n\r\n")) {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => pending.extend_from_slice(&buf[..n]),
             }
-            let mut buf = [0u8; 8192];
-            // The chunked body ends with a blank line after the last chunk and its trailers.
-            while !(pending.windows(3).any(|w| w == b"\n0\r" || w == b"0\r\n") && pending.ends_with(b"\r\n\r\n")) {
-                match s.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => pending.extend_from_slice(&buf[..n]),
-                }
-            }
-            sn.lock().unwrap().extend_from_slice(&pending);
-            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
         }
+        sn.lock().unwrap().extend_from_slice(&pending);
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
     })
     .await;
     let p = start_proxy(&config(up.addr, ""));
@@ -452,25 +457,17 @@ async fn client_fields_reach_the_upstream_without_hop_by_hop_ones() {
 async fn an_upload_that_outlives_its_answer_reaches_the_upstream_whole() {
     const LEN: usize = 4 << 20;
     let got = Arc::new(Mutex::new(Vec::<u8>::new()));
-    let seen = got.clone();
-    let up = raw_upstream(move |mut s| {
-        let seen = seen.clone();
-        async move {
-            let mut pending = Vec::new();
-            if read_head(&mut s, &mut pending).await.is_none() {
-                return;
+    let up = after_first_head(got.clone(), |mut s, pending, seen| async move {
+        let _ = s.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 2\r\n\r\nok").await;
+        let mut body = pending;
+        let mut buf = vec![0u8; 64 * 1024];
+        while body.len() < LEN {
+            match tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => body.extend_from_slice(&buf[..n]),
+                _ => break,
             }
-            let _ = s.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 2\r\n\r\nok").await;
-            let mut body = pending;
-            let mut buf = vec![0u8; 64 * 1024];
-            while body.len() < LEN {
-                match tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await {
-                    Ok(Ok(n)) if n > 0 => body.extend_from_slice(&buf[..n]),
-                    _ => break,
-                }
-            }
-            *seen.lock().unwrap() = body;
         }
+        *seen.lock().unwrap() = body;
     })
     .await;
     let p = start_proxy(&config(up.addr, ""));

@@ -166,11 +166,6 @@ pub(super) fn allowed_trailer(name: &HeaderName) -> bool {
         .contains(name)
 }
 
-/// The trailer fields a message declares in its `Trailer` header.
-pub fn declared_trailers(headers: &HeaderMap) -> Vec<HeaderName> {
-    trailers_named(headers.get_all(header::TRAILER).iter().map(HeaderValue::as_bytes))
-}
-
 /// The trailer fields the `Trailer` header values `values` name.
 pub fn trailers_named<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<HeaderName> {
     values
@@ -648,7 +643,7 @@ mod tests {
         t.insert(header::HOST, HeaderValue::from_static("other"));
         let mut h = HeaderMap::new();
         h.insert(header::TRAILER, HeaderValue::from_static("grpc-status, host"));
-        let allowed = declared_trailers(&h);
+        let allowed = trailers_named(h.get_all(header::TRAILER).iter().map(HeaderValue::as_bytes));
         assert_eq!(chunked_end(Some(&t), &allowed), b"0\r\ngrpc-status: 0\r\n\r\n", "declared and allowed only");
         assert_eq!(chunked_end(Some(&t), &[]), b"0\r\n\r\n");
         assert_eq!(chunked_end(None, &allowed), b"0\r\n\r\n");

@@ -7,7 +7,7 @@
 //! only needs its fields looked at a few times and copied out again. httparse has already
 //! checked every name (a token) and every value (the byte set `HeaderValue` allows), so they
 //! can be written as they came. A map is built only where one is needed: for HTTP/2
-//! ([`Fields::move_into`]).
+//! ([`Fields::copy_into`]).
 //!
 //! Hop-by-hop fields (RFC 9110 §7.6.1) are left out as the head is read, the rule
 //! `strip_hop_by_hop` applies to maps. The fields `Connection` names are kept but marked: they
@@ -208,13 +208,8 @@ impl Fields {
         self.forwarded().map(|f| (f.span.1 - f.span.0 + f.span.3 - f.span.2) as usize + 4).sum()
     }
 
-    /// Append the fields to `map`, except those whose name `map` already holds (its own
-    /// replace them). Values share the head's memory.
-    pub fn move_into(self, map: &mut HeaderMap) {
-        self.copy_into(map);
-    }
-
-    /// [`Fields::move_into`], keeping these.
+    /// Append the forwarded fields to `map`, except those whose name `map` already holds (its
+    /// own replace them). Values share the head's memory.
     pub fn copy_into(&self, map: &mut HeaderMap) {
         let own: Vec<HeaderName> = map.keys().cloned().collect();
         for f in self.forwarded() {
@@ -337,7 +332,7 @@ mod tests {
         let (f, _) = read(&["X-Weft-Variant: upstream", "Set-Cookie: a=1", "Set-Cookie: b=2", "Content-Length: 3"]);
         let mut map = HeaderMap::new();
         map.insert("x-weft-variant", HeaderValue::from_static("a"));
-        f.move_into(&mut map);
+        f.copy_into(&mut map);
         assert_eq!(map.get_all("x-weft-variant").iter().collect::<Vec<_>>(), ["a"], "the map's own value wins");
         assert_eq!(map.get_all("set-cookie").iter().collect::<Vec<_>>(), ["a=1", "b=2"], "repeated fields all arrive");
         assert_eq!(map["content-length"], "3");

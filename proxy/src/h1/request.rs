@@ -123,7 +123,7 @@ pub fn response_framing(resp: &RespHead<'_>, head_request: bool, exact: Option<u
     if let Some(n) = exact {
         return (Out::Length(n), true);
     }
-    let mut values = resp.headers.get_all(header::CONTENT_LENGTH).iter().map(HeaderValue::as_bytes).chain(resp.fields.into_iter().flat_map(|f| f.get_all("content-length")));
+    let mut values = resp.get_all(&header::CONTENT_LENGTH);
     if let Some(first) = values.next()
         && let Ok(n) = codec::parse_length(first)
         && values.all(|v| codec::parse_length(v) == Ok(n))
@@ -212,6 +212,14 @@ pub struct RespHead<'a> {
     pub fields: Option<&'a Fields>,
     /// The upstream's own reason phrase, when it was not the status's canonical one.
     pub reason: Option<&'a [u8]>,
+}
+
+impl RespHead<'_> {
+    /// Every value of `name` the head will carry: the map's, then the forwarded fields'.
+    pub fn get_all<'b>(&'b self, name: &'b header::HeaderName) -> impl Iterator<Item = &'b [u8]> + 'b {
+        let fields = self.fields.into_iter().flat_map(move |f| f.get_all(name.as_str()));
+        self.headers.get_all(name).iter().map(HeaderValue::as_bytes).chain(fields)
+    }
 }
 
 /// The current time as an HTTP date, formatted once per second per thread: a response that

@@ -20,7 +20,7 @@
 //! HTTP/2 (h2c prior knowledge) stays on hyper: [`crate::server`] looks at the first bytes.
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderValue};
+use http::header;
 use http::{Method, Request, Response, Version};
 use http_body::{Body as _, Frame, SizeHint};
 use std::future::poll_fn;
@@ -271,7 +271,7 @@ impl Conn {
             s.responded.store(true, Ordering::Release);
         }
         let trailers = match framing {
-            Out::Chunked => codec::trailers_named(head.headers.get_all(header::TRAILER).iter().map(HeaderValue::as_bytes).chain(head.fields.into_iter().flat_map(|f| f.get_all("trailer")))),
+            Out::Chunked => codec::trailers_named(head.get_all(&header::TRAILER)),
             _ => Vec::new(),
         };
         crate::headers::recycle(parts.headers);
