@@ -148,7 +148,7 @@ async fn serve(
     // 5. Prepare the upstream request; keep a bounded copy of the body if a retry or a shadow
     //    may need it.
     let shadow = experiment.and_then(|e| e.shadow.as_ref()).filter(|s| rand::random::<f64>() < s.fraction);
-    prepare_headers(&mut headers, &authority);
+    prepare_headers(&mut headers, &authority, parts.uri.authority().is_some());
     let record_limit = route.retry.as_ref().map_or(0, |r| r.buffer_bytes).max(shadow.map_or(0, |s| s.max_body_bytes));
     let body = Prepared::new(body, record_limit);
 
@@ -917,7 +917,7 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
     for n in present {
         // gRPC needs `te: trailers` end to end; any other TE value is hop-by-hop.
-        if n == header::TE && h.get(&n).is_some_and(|v| v == "trailers") {
+        if n == header::TE && h.get(&n).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers")) {
             continue;
         }
         h.remove(n);
@@ -925,12 +925,14 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 }
 
 /// The request's own headers as they go upstream: hop-by-hop ones removed, Host present (an
-/// HTTP/2 request has only :authority). `traceparent` and `x-weft-variant` are set per try
-/// (see [`ReqParts::traceparent`]).
-fn prepare_headers(h: &mut ReqHeaders, authority: &Bytes) {
+/// HTTP/2 request has only :authority). When the target carries the authority (`from_target`:
+/// an HTTP/2 :authority, an HTTP/1.1 absolute-form target), that is the Host sent: a proxy
+/// replaces the client's Host with it (RFC 9112 §3.2.2), and routing used it too.
+/// `traceparent` and `x-weft-variant` are set per try (see [`ReqParts::traceparent`]).
+fn prepare_headers(h: &mut ReqHeaders, authority: &Bytes, from_target: bool) {
     // The fields weft's HTTP/1.1 server read had theirs left out already (`h1::fields`).
     strip_hop_by_hop(&mut h.map);
-    if !h.forwards(&header::HOST)
+    if (from_target || !h.forwards(&header::HOST))
         && let Ok(v) = HeaderValue::from_maybe_shared(authority.clone())
     {
         h.insert(header::HOST, v);

@@ -54,7 +54,7 @@ impl LogSketch {
     }
 
     fn add_n(&mut self, ms: f64, n: u64) {
-        if !(ms > MIN_VALUE) || !ms.is_finite() {
+        if ms <= MIN_VALUE || !ms.is_finite() {
             self.zero += n;
             return;
         }

@@ -95,7 +95,7 @@ impl Upstream {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         let status = match self.status.load(SeqCst) {
-            _ if every > 0 && hit % every == 0 => StatusCode::INTERNAL_SERVER_ERROR,
+            _ if every > 0 && hit.is_multiple_of(every) => StatusCode::INTERNAL_SERVER_ERROR,
             0 => StatusCode::OK,
             s => StatusCode::from_u16(s).unwrap(),
         };

@@ -93,6 +93,11 @@ fn script(path: &str) -> (&'static [u8], bool) {
         "/empty" => (b"HTTP/1.1 204 No Content\r\n\r\n", false),
         "/reason" => (b"HTTP/1.1 499 Client Closed Request\r\ncontent-length: 0\r\n\r\n", false),
         "/two-lengths" => (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello", true),
+        // Equal lengths, listed: valid, but a proxy passes on one value (RFC 9110 §8.6).
+        "/listed-length" => (b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello", false),
+        // gzip under the chunks: decoding only the chunks would hand on gzip unlabelled.
+        "/gzip-chunked" => (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", true),
+        "/chunked-twice" => (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", true),
         "/truncated" => (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc", true),
         "/extra" => (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n", false),
         // A keep-alive answer, after which the upstream closes the idle connection anyway (as
@@ -239,10 +244,20 @@ async fn malformed_and_truncated_answers_fail_clearly() {
     let p = start_proxy(&config(up.addr, ""));
     let addr = p.listener_addrs[0];
     let c = client();
-    let (s, h, b) = get(&c, addr, "s", "/two-lengths", &[]).await;
-    assert_eq!((s.as_u16(), h["x-weft-error"].to_str().unwrap()), (502, "upstream_reset"));
-    let text = String::from_utf8_lossy(&b);
-    assert!(text.contains("invalid response from upstream: invalid content-length"), "{text}");
+    for (path, why) in [
+        ("/two-lengths", "invalid content-length"),
+        ("/gzip-chunked", "transfer-encoding lists a coding other than chunked"),
+        ("/chunked-twice", "transfer-encoding applies chunked more than once"),
+    ] {
+        let (s, h, b) = get(&c, addr, "s", path, &[]).await;
+        assert_eq!((s.as_u16(), h["x-weft-error"].to_str().unwrap()), (502, "upstream_reset"), "{path}");
+        let text = String::from_utf8_lossy(&b);
+        assert!(text.contains(&format!("invalid response from upstream: {why}")), "{path}: {text}");
+    }
+    // A listed length reaches the client as one value the proxy writes.
+    let out = raw(addr, b"GET /listed-length HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n") && out.ends_with("\r\n\r\nhello"), "{out}");
+    assert!(out.contains("\r\ncontent-length: 5\r\n") && !out.contains("5, 5"), "{out}");
     // The head was fine and went downstream; the body then ended early: the client must see
     // the stream fail, not a short body that looks complete. (Whether the client fails the
     // body or, reading it all at once, the whole message, is its own timing.)
@@ -498,4 +513,67 @@ async fn an_upload_that_outlives_its_answer_reaches_the_upstream_whole() {
     let got = got.lock().unwrap();
     assert_eq!(got.len(), LEN, "the upstream got every byte");
     assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "and in order");
+}
+
+/// Framing and routing fields that two hops could read two ways (the ground of request
+/// smuggling, and of routing by one Host while the upstream reads another) are refused, or
+/// sent on in the one form every reader agrees on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_two_hops_could_read_two_ways_are_refused_or_sent_as_one() {
+    // Records each request head and the five bytes after it (a POST's body), then answers
+    // and closes.
+    let seen = Arc::new(Mutex::new(Vec::<(String, Vec<u8>)>::new()));
+    let sn = seen.clone();
+    let up = raw_upstream(move |mut s| {
+        let sn = sn.clone();
+        async move {
+            let mut pending = Vec::new();
+            let Some(head) = read_head(&mut s, &mut pending).await else { return };
+            let mut buf = [0u8; 64];
+            while head.starts_with("POST") && pending.len() < 5 {
+                match tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => pending.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+            sn.lock().unwrap().push((head, pending));
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok").await;
+        }
+    })
+    .await;
+    let p = start_proxy(&config(up.addr, ""));
+    let addr = p.listener_addrs[0];
+    let last = || seen.lock().unwrap().pop().expect("the request reached the upstream");
+
+    // Equal lengths, listed: the body is framed by them and the upstream gets one value.
+    let out = raw(addr, b"POST /listed HTTP/1.1\r\nHost: s\r\nContent-Length: 5, 5\r\nConnection: close\r\n\r\nhello").await;
+    assert!(out.starts_with("HTTP/1.1 200") && out.ends_with("ok"), "{out}");
+    let (head, body) = last();
+    assert!(head.contains("\r\ncontent-length: 5") && !head.contains("5, 5"), "{head}");
+    assert_eq!(body, b"hello");
+
+    // An absolute-form target names the authority: it routes the request, and it is the Host
+    // the upstream gets, not the client's own Host line (RFC 9112 §3.2.2).
+    let out = raw(addr, b"GET http://s:80/abs?q=1 HTTP/1.1\r\nHost: elsewhere\r\nConnection: close\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let (head, _) = last();
+    assert!(head.starts_with("GET /abs?q=1 HTTP/1.1\r\n") && head.contains("\r\nhost: s:80") && !head.contains("elsewhere"), "{head}");
+
+    // `TE: Trailers` (a gRPC client that capitalises) still goes end to end.
+    let out = raw(addr, b"GET /te HTTP/1.1\r\nHost: s\r\nTE: Trailers\r\nConnection: close\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(last().0.contains("\r\nTE: Trailers"));
+
+    // Refused before anything is sent upstream: two Hosts (400), chunked twice (400), a coding
+    // weft does not decode (501); each names the problem and closes the connection.
+    for (req, status, why) in [
+        (&b"GET /two HTTP/1.1\r\nHost: s\r\nHost: t\r\n\r\n"[..], "400", "2 Host headers"),
+        (b"POST /twice HTTP/1.1\r\nHost: s\r\nTransfer-Encoding: chunked, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "400", "chunked more than once"),
+        (b"POST /gz HTTP/1.1\r\nHost: s\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "501", "other than chunked"),
+    ] {
+        let out = raw(addr, req).await;
+        assert!(out.starts_with(&format!("HTTP/1.1 {status} ")), "{out}");
+        assert!(out.contains("\r\nconnection: close\r\n") && out.contains(why), "{out}");
+    }
+    assert!(seen.lock().unwrap().is_empty(), "no refused request reached the upstream");
 }

@@ -235,7 +235,9 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
         let reason = resp.reason.filter(|r| !r.is_empty() && Some(*r) != status.canonical_reason()).map(|r| Bytes::copy_from_slice(r.as_bytes()));
         let mut fields = Fields::new(buf.split_to(len).freeze(), list);
         let framing = seen.framing(status, version, head_request)?;
-        if seen.both_framings() {
+        if seen.both_framings() || seen.length_listed {
+            // Not forwarded: the chunks frame the body, or the list becomes our own single
+            // value (the body knows its exact length).
             fields.drop_content_length();
         }
         let keep_alive = framing != RespFraming::Close && seen.persists(version) && !seen.both_framings();
@@ -253,10 +255,20 @@ pub(super) type Span = (u32, u32, u32, u32);
 #[derive(Default)]
 pub(super) struct Framing {
     pub(super) transfer_encoding: bool,
-    /// The last `transfer-encoding` coding is `chunked`.
-    pub(super) chunked: bool,
+    /// How many `chunked` codings the `transfer-encoding` lines list, all lines together.
+    pub(super) chunked: u8,
+    /// The last coding listed is `chunked`.
+    pub(super) chunked_last: bool,
+    /// A coding other than `chunked` is listed: the proxy would decode only the chunks and
+    /// pass the body on with that coding still applied but no longer named.
+    pub(super) other_coding: bool,
     /// Every `content-length` value seen agrees (RFC 9110 §8.6); `Err` once one does not.
     pub(super) length: Option<Result<u64, ()>>,
+    /// The length came as a list (`5, 5`) or on more than one line: valid when the values
+    /// agree, but it must not be forwarded so (RFC 9110 §8.6); the proxy writes its own.
+    pub(super) length_listed: bool,
+    /// How many `host` lines (requests: more than one is refused, RFC 9112 §3.2).
+    pub(super) hosts: u8,
     pub(super) close: bool,
     pub(super) keep_alive: bool,
     /// `expect: 100-continue` (requests only).
@@ -267,6 +279,7 @@ impl Framing {
     pub(super) fn note(&mut self, kind: Kind, value: &[u8]) {
         match kind {
             Kind::ContentLength => {
+                self.length_listed |= self.length.is_some() || !is_plain_length(value);
                 self.length = Some(match (self.length, parse_length(value)) {
                     (None, n) => n,
                     (Some(Ok(a)), Ok(b)) if a == b => Ok(a),
@@ -275,8 +288,12 @@ impl Framing {
             }
             Kind::TransferEncoding => {
                 self.transfer_encoding = true;
-                let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
-                self.chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+                for coding in value.split(|&b| b == b',').map(<[u8]>::trim_ascii).filter(|c| !c.is_empty()) {
+                    let chunked = coding.eq_ignore_ascii_case(b"chunked");
+                    self.chunked = self.chunked.saturating_add(u8::from(chunked));
+                    self.other_coding |= !chunked;
+                    self.chunked_last = chunked;
+                }
             }
             Kind::Connection => {
                 for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
@@ -285,7 +302,24 @@ impl Framing {
                 }
             }
             Kind::Expect => self.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue"),
+            Kind::Host => self.hosts = self.hosts.saturating_add(1),
             Kind::Other | Kind::Date | Kind::Te | Kind::Hop => {}
+        }
+    }
+
+    /// What is wrong with the `transfer-encoding` of a message that has one, if anything:
+    /// the only coding weft takes is `chunked`, once (RFC 9112 §6.1 forbids applying it
+    /// twice; a body framed so is read one way here and another way by the next hop).
+    /// `Ok(())`: the body is chunked.
+    pub(super) fn coding_error(&self) -> Result<(), CodingError> {
+        if self.chunked > 1 {
+            Err(CodingError::ChunkedTwice)
+        } else if self.other_coding {
+            Err(CodingError::Unsupported)
+        } else if !self.chunked_last {
+            Err(CodingError::Empty)
+        } else {
+            Ok(())
         }
     }
 
@@ -297,8 +331,10 @@ impl Framing {
             if version == Version::HTTP_10 {
                 return err("transfer-encoding in an HTTP/1.0 response");
             }
-            // Chunked only if it is the last coding applied; any other runs to the close.
-            return Ok(if self.chunked { RespFraming::Chunked } else { RespFraming::Close });
+            return match self.coding_error() {
+                Ok(()) => Ok(RespFraming::Chunked),
+                Err(e) => err(e.to_string()),
+            };
         }
         match self.length {
             Some(Ok(n)) => Ok(RespFraming::Length(n)),
@@ -320,10 +356,35 @@ impl Framing {
     }
 }
 
+/// Why a `transfer-encoding` is refused ([`Framing::coding_error`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CodingError {
+    ChunkedTwice,
+    /// A coding other than chunked (gzip, deflate, compress, identity, an extension).
+    Unsupported,
+    /// No coding at all (`transfer-encoding:` with an empty value).
+    Empty,
+}
+
+impl std::fmt::Display for CodingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CodingError::ChunkedTwice => "transfer-encoding applies chunked more than once",
+            CodingError::Unsupported => "transfer-encoding lists a coding other than chunked, which weft does not decode",
+            CodingError::Empty => "transfer-encoding lists no coding",
+        })
+    }
+}
+
+/// A `content-length` value of plain digits: nearly every one.
+fn is_plain_length(v: &[u8]) -> bool {
+    !v.is_empty() && v.len() <= 19 && v.iter().all(u8::is_ascii_digit)
+}
+
 /// One `content-length` value: digits, or a comma-separated list of equal ones.
 pub(super) fn parse_length(v: &[u8]) -> Result<u64, ()> {
     // Nearly every value is plain digits: read them without splitting.
-    if !v.is_empty() && v.len() <= 19 && v.iter().all(u8::is_ascii_digit) {
+    if is_plain_length(v) {
         return Ok(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')));
     }
     let mut found = None;
@@ -657,11 +718,15 @@ mod tests {
         assert_eq!(h.fields.get_all("x-a").collect::<Vec<_>>(), [&b"1"[..], b"2"]);
         assert_eq!(&rest[..], b"hello");
 
-        let (h, _) = head_of("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n", false);
+        let (h, _) = head_of("HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\nConnection: close\r\n\r\n", false);
         let h = h.unwrap().unwrap();
         assert_eq!((h.framing, h.keep_alive), (RespFraming::Chunked, false));
-        let (h, _) = head_of("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", false);
-        assert_eq!(h.unwrap().unwrap().framing, RespFraming::Close);
+        // A listed length is valid but goes downstream as one value, written by the proxy.
+        for listed in ["Content-Length: 5, 5", "Content-Length: 5\r\ncontent-length: 5"] {
+            let (h, _) = head_of(&format!("HTTP/1.1 200 OK\r\n{listed}\r\n\r\n"), false);
+            let h = h.unwrap().unwrap();
+            assert_eq!((h.framing, h.fields.get("content-length")), (RespFraming::Length(5), None), "{listed}");
+        }
         let (h, _) = head_of("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", false);
         assert!(!h.unwrap().unwrap().keep_alive, "HTTP/1.0 closes unless asked to keep alive");
         let (h, _) = head_of("HTTP/1.0 200 OK\r\nContent-Length: 1\r\nConnection: Keep-Alive\r\n\r\n", false);
@@ -705,6 +770,12 @@ mod tests {
             ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "content-length"),
             ("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "content-length"),
             ("HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "HTTP/1.0"),
+            // Decoding only the chunks would pass the body on still gzipped but no longer
+            // saying so; applied twice, the next hop would read it differently.
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "other than chunked"),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "other than chunked"),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", "more than once"),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", "more than once"),
             ("HTTP/1.1 101 Switching Protocols\r\n\r\n", "101"),
             ("HTTP/1.1 2000 OK\r\n\r\n", "status"),
             ("SMTP ready\r\n\r\n", "version"),

@@ -31,6 +31,7 @@ pub(super) enum Kind {
     Connection,
     Expect,
     Date,
+    Host,
     Te,
     /// Hop-by-hop, not otherwise special: keep-alive, upgrade, proxy-connection,
     /// proxy-authenticate.
@@ -44,6 +45,7 @@ impl Kind {
         match name.len() {
             2 if name.eq_ignore_ascii_case(b"te") => Kind::Te,
             4 if name.eq_ignore_ascii_case(b"date") => Kind::Date,
+            4 if name.eq_ignore_ascii_case(b"host") => Kind::Host,
             6 if name.eq_ignore_ascii_case(b"expect") => Kind::Expect,
             7 if name.eq_ignore_ascii_case(b"upgrade") => Kind::Hop,
             10 if folded_eq(name, b"connection") => Kind::Connection,
@@ -114,8 +116,9 @@ impl Fields {
                     names_others |= connection_names(value).next().is_some();
                     continue;
                 }
-                // gRPC needs `te: trailers` end to end; any other TE value is hop-by-hop.
-                Kind::Te if value != b"trailers" => continue,
+                // gRPC needs `te: trailers` end to end (the token in any case); any other TE
+                // value is hop-by-hop.
+                Kind::Te if !value.trim_ascii().eq_ignore_ascii_case(b"trailers") => continue,
                 _ => {}
             }
             let (n, v) = ((name.as_ptr() as usize - base) as u32, (value.as_ptr() as usize - base) as u32);
@@ -220,7 +223,11 @@ impl Fields {
             if own.contains(&name) {
                 continue;
             }
-            if let Ok(value) = HeaderValue::from_maybe_shared(self.head.slice(s.2 as usize..s.3 as usize)) {
+            if f.kind == Kind::Te {
+                // HTTP/2 allows `te` only as exactly `trailers` (RFC 9113 §8.2.2), and h2
+                // servers compare it byte for byte; this client may have sent `Trailers`.
+                map.append(name, HeaderValue::from_static("trailers"));
+            } else if let Ok(value) = HeaderValue::from_maybe_shared(self.head.slice(s.2 as usize..s.3 as usize)) {
                 map.append(name, value);
             }
         }
@@ -283,6 +290,7 @@ mod tests {
             ("proxy-authenticate", Kind::Hop),
             ("TE", Kind::Te),
             ("Date", Kind::Date),
+            ("HOST", Kind::Host),
             ("expect", Kind::Expect),
             ("content-type", Kind::Other),
             ("x-connection", Kind::Other),
@@ -312,7 +320,7 @@ mod tests {
         ]);
         let kept: Vec<(&[u8], &[u8])> = f.iter().collect();
         assert_eq!(kept, [(&b"Content-Type"[..], &b"text/plain"[..]), (b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")]);
-        assert!(seen.chunked && seen.keep_alive && !seen.close, "the framing was still read from them");
+        assert!(seen.chunked == 1 && seen.chunked_last && seen.keep_alive && !seen.close, "the framing was still read from them");
         assert_eq!(f.get("content-type"), Some(&b"text/plain"[..]));
         assert_eq!(f.get_all("SET-COOKIE").collect::<Vec<_>>(), [&b"a=1"[..], b"b=2"]);
         assert_eq!(f.get("x-private"), Some(&b"secret"[..]), "a field Connection names is still read");

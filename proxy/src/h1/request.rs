@@ -8,7 +8,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Uri, Version};
 use std::mem::MaybeUninit;
 
-use super::codec::{self, MAX_HEADERS, RespFraming};
+use super::codec::{self, CodingError, MAX_HEADERS, RespFraming};
 use super::fields::{Fields, Kind};
 
 /// A parsed request head.
@@ -72,15 +72,23 @@ pub fn parse_request(buf: &mut BytesMut, max_head: usize) -> Result<Option<ReqHe
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(t0..t1)).map_err(|_| Reject { status: StatusCode::BAD_REQUEST, why: "invalid request target".into() })?;
     let mut fields = Fields::new(head, list);
-    // RFC 9112 §6.3: a transfer coding frames the body, and only chunked, last, can; with a
-    // content-length beside it the length goes (it could smuggle a second request) and the
-    // connection closes after this exchange.
+    if seen.hosts > 1 {
+        // RFC 9112 §3.2: which one names the target is anyone's guess, and a hop that picks
+        // the other one routes the request somewhere else.
+        return bad(format!("{} Host headers; a request carries one", seen.hosts));
+    }
+    // RFC 9112 §6.3: a transfer coding frames the body, and only chunked can (once, RFC 9112
+    // §6.1); with a content-length beside it the length goes (it could smuggle a second
+    // request) and the connection closes after this exchange.
     let body = if seen.transfer_encoding {
         if version == Version::HTTP_10 {
             return bad("transfer-encoding in an HTTP/1.0 request");
         }
-        if !seen.chunked {
-            return bad("transfer-encoding whose last coding is not chunked");
+        match seen.coding_error() {
+            Ok(()) => {}
+            // RFC 9112 §6.1: a coding the server does not understand is answered 501.
+            Err(e @ CodingError::Unsupported) => return Err(Reject { status: StatusCode::NOT_IMPLEMENTED, why: e.to_string() }),
+            Err(e) => return bad(e.to_string()),
         }
         if seen.both_framings() {
             fields.drop_content_length();
@@ -93,6 +101,11 @@ pub fn parse_request(buf: &mut BytesMut, max_head: usize) -> Result<Option<ReqHe
             Some(Err(())) => return bad("invalid content-length"),
         }
     };
+    if seen.length_listed {
+        // `5, 5` or two equal lines: valid, but forwarded only as one value (RFC 9110 §8.6),
+        // which the upstream head gets from the body's exact length.
+        fields.drop_content_length();
+    }
     let keep_alive = seen.persists(version) && !seen.both_framings();
     let expect_continue = seen.expect_continue && version == Version::HTTP_11 && body.is_some();
     Ok(Some(ReqHead { method, uri, version, fields, body, keep_alive, expect_continue }))
@@ -252,7 +265,11 @@ pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// A refused request's answer: its status, a JSON body naming what was wrong, and the
 /// connection's close (nothing after a malformed head can be trusted to be a request).
 pub fn reject_response(r: &Reject) -> Vec<u8> {
-    let code = if r.status == StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE { "headers_too_large" } else { "malformed_request" };
+    let code = match r.status {
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "headers_too_large",
+        StatusCode::NOT_IMPLEMENTED => "unsupported_transfer_coding",
+        _ => "malformed_request",
+    };
     // The shape of the proxy's other local answers (`proxy::Local`).
     let body = serde_json::json!({ "error": code, "message": r.why }).to_string() + "\n";
     let mut headers = HeaderMap::new();
@@ -301,7 +318,11 @@ mod tests {
             ("GET / HTTP/1.1\r\nHost ranker\r\n\r\n", "header"),
             ("GET / HTTP/1.1\r\nContent-Length: 5x\r\n\r\n", "content-length"),
             ("GET / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "content-length"),
-            ("POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", "chunked"),
+            ("POST / HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", "more than once"),
+            ("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n", "more than once"),
+            ("POST / HTTP/1.1\r\nTransfer-Encoding: ,\r\n\r\n", "no coding"),
+            ("GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", "2 Host headers"),
+            ("GET / HTTP/1.1\r\nHost: a\r\nHOST: a\r\n\r\n", "2 Host headers"),
             ("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", "HTTP/1.0"),
             ("\x00\x01garbage\r\n\r\n", ""),
         ] {
@@ -315,7 +336,7 @@ mod tests {
     fn body_framing_and_persistence() {
         let h = parse("POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n").unwrap().unwrap();
         assert_eq!((h.body, h.keep_alive, h.expect_continue), (Some(RespFraming::Length(10)), true, false));
-        let h = parse("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\nExpect: 100-Continue\r\n\r\n").unwrap().unwrap();
+        let h = parse("POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\nExpect: 100-Continue\r\n\r\n").unwrap().unwrap();
         assert_eq!((h.body, h.keep_alive, h.expect_continue), (Some(RespFraming::Chunked), true, true));
         let h = parse("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n").unwrap().unwrap();
         assert_eq!((h.body, h.keep_alive), (Some(RespFraming::Chunked), false), "both framings: chunked, then close");
@@ -328,6 +349,38 @@ mod tests {
         assert!(h.keep_alive);
         let h = parse("GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n").unwrap().unwrap();
         assert!(!h.expect_continue, "no body, nothing to wait for");
+    }
+
+    #[test]
+    fn codings_other_than_chunked_get_501() {
+        for te in ["gzip", "gzip, chunked", "chunked, gzip", "identity", "x-custom, chunked"] {
+            let r = parse(&format!("POST / HTTP/1.1\r\nTransfer-Encoding: {te}\r\n\r\n")).unwrap_err();
+            assert_eq!(r.status, StatusCode::NOT_IMPLEMENTED, "{te}");
+            assert!(r.why.contains("other than chunked"), "{te}: {}", r.why);
+            assert!(String::from_utf8_lossy(&reject_response(&r)).contains("unsupported_transfer_coding"));
+        }
+    }
+
+    #[test]
+    fn a_listed_length_frames_the_body_but_is_not_forwarded_as_a_list() {
+        for listed in ["Content-Length: 5, 5", "Content-Length: 5\r\nContent-Length: 5"] {
+            let h = parse(&format!("POST / HTTP/1.1\r\n{listed}\r\nX-A: 1\r\n\r\n")).unwrap().unwrap();
+            assert_eq!((h.body, h.keep_alive), (Some(RespFraming::Length(5)), true), "{listed}");
+            assert_eq!(h.fields.iter().collect::<Vec<_>>(), [(&b"X-A"[..], &b"1"[..])], "{listed}");
+        }
+        let h = parse("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n").unwrap().unwrap();
+        assert_eq!(h.fields.get("content-length"), Some(&b"5"[..]), "a plain length goes as it came");
+    }
+
+    #[test]
+    fn te_trailers_goes_on_in_any_case() {
+        let h = parse("POST / HTTP/1.1\r\nTE: Trailers\r\nContent-Length: 1\r\n\r\n").unwrap().unwrap();
+        assert!(h.fields.forwards("te"));
+        let mut map = HeaderMap::new();
+        h.fields.copy_into(&mut map);
+        assert_eq!(map.get(header::TE).unwrap(), "trailers", "HTTP/2 takes only the lowercase token");
+        let h = parse("POST / HTTP/1.1\r\nTE: trailers, deflate\r\nContent-Length: 1\r\n\r\n").unwrap().unwrap();
+        assert!(!h.fields.forwards("te"), "any other TE is hop-by-hop");
     }
 
     #[test]
