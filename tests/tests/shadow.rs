@@ -158,3 +158,43 @@ async fn a_failing_candidate_opens_the_shadow_cluster_breaker() {
     let clusters = admin_get(p.admin_addr, "/clusters").await.1;
     assert!(clusters.contains("\"circuit_breaker\": \"open\""), "{clusters}");
 }
+
+/// What a shadow copy carries: the client's own fields (an HTTP/1.1 client's, which weft keeps
+/// unparsed), the proxy's `x-weft-shadow: true` in place of any the client sent (an upstream
+/// that tells copies apart by it must not be fooled), and no `x-weft-variant` of the primary's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_copy_carries_the_clients_fields_and_the_proxys_marker() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let primary = Upstream::start("a").await;
+    let recorder = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let shadow_addr = recorder.local_addr().unwrap();
+    let (tx, mut heads) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = recorder.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let (mut got, mut buf) = (Vec::new(), [0u8; 4096]);
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let _ = tx.send(String::from_utf8_lossy(&got).into_owned());
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+            });
+        }
+    });
+    let p = start_proxy(&shadow_config(&primary, shadow_addr, 1.0));
+    let out = raw(
+        p.listener_addrs[0],
+        b"GET /copied HTTP/1.1\r\nHost: s\r\nX-Tenant: t1\r\nX-Weft-Shadow: false\r\nUser-Agent: test/1\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 200") && out.contains("\r\nx-weft-variant: a\r\n"), "{out}");
+    let head = tokio::time::timeout(Duration::from_secs(5), heads.recv()).await.expect("the copy reached the shadow").unwrap();
+    assert!(head.starts_with("GET /copied HTTP/1.1\r\n"), "{head}");
+    assert!(head.contains("\r\nX-Tenant: t1\r\n") && head.contains("\r\nUser-Agent: test/1\r\n") && head.contains("\r\nHost: s\r\n"), "{head}");
+    assert!(head.contains("\r\nx-weft-shadow: true\r\n") && !head.contains("false"), "the proxy's marker replaces the client's: {head}");
+    assert!(!head.to_ascii_lowercase().contains("x-weft-variant"), "{head}");
+}

@@ -91,6 +91,7 @@ fn script(path: &str) -> (&'static [u8], bool) {
         "/both-framings" => (b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\nb\r\nhello world\r\n0\r\n\r\n", false),
         "/continue" => (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false),
         "/empty" => (b"HTTP/1.1 204 No Content\r\n\r\n", false),
+        "/not-modified" => (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 1234\r\nETag: \"v1\"\r\n\r\n", false),
         "/reason" => (b"HTTP/1.1 499 Client Closed Request\r\ncontent-length: 0\r\n\r\n", false),
         "/two-lengths" => (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello", true),
         // Equal lengths, listed: valid, but a proxy passes on one value (RFC 9110 §8.6).
@@ -204,6 +205,12 @@ async fn every_response_framing_passes_and_reuse_follows_the_upstream() {
     // A reason phrase of the upstream's own goes on downstream.
     let out = raw(addr, b"GET /reason HTTP/1.1\r\nhost: s\r\nconnection: close\r\n\r\n").await;
     assert!(out.starts_with("HTTP/1.1 499 Client Closed Request\r\n"), "{out}");
+    // A 304 keeps the length of the representation it stands for and carries no body: the
+    // next answer on the same client connection follows its head at once.
+    let out = raw(addr, b"GET /not-modified HTTP/1.1\r\nhost: s\r\n\r\nGET /length HTTP/1.1\r\nhost: s\r\nconnection: close\r\n\r\n").await;
+    let (first, rest) = out.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{out}"));
+    assert!(first.starts_with("HTTP/1.1 304 Not Modified\r\n") && first.contains("\r\nContent-Length: 1234") && first.contains("\r\nETag: \"v1\""), "{out}");
+    assert!(rest.starts_with("HTTP/1.1 200 OK\r\n") && rest.ends_with("\r\n\r\nhello"), "{out}");
 }
 
 /// An HTTP/1.1 upstream's header fields reach an HTTP/1.1 client as they came (weft copies
