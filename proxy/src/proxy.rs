@@ -925,14 +925,17 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 }
 
 /// The request's own headers as they go upstream: hop-by-hop ones removed, Host present (an
-/// HTTP/2 request has only :authority). When the target carries the authority (`from_target`:
-/// an HTTP/2 :authority, an HTTP/1.1 absolute-form target), that is the Host sent: a proxy
-/// replaces the client's Host with it (RFC 9112 §3.2.2), and routing used it too.
+/// HTTP/2 request has only :authority), and only one. When the target carries the authority
+/// (`from_target`: an HTTP/2 :authority, an HTTP/1.1 absolute-form target), that is the Host
+/// sent: a proxy replaces the client's Host with it (RFC 9112 §3.2.2), and routing used it too.
 /// `traceparent` and `x-weft-variant` are set per try (see [`ReqParts::traceparent`]).
 fn prepare_headers(h: &mut ReqHeaders, authority: &Bytes, from_target: bool) {
     // The fields weft's HTTP/1.1 server read had theirs left out already (`h1::fields`).
     strip_hop_by_hop(&mut h.map);
-    if (from_target || !h.forwards(&header::HOST))
+    // Two Host fields of an HTTP/2 request (its HTTP/1.1 ones were refused) become the one
+    // it was routed by.
+    let hosts_twice = || !h.map.is_empty() && h.map.get_all(header::HOST).iter().nth(1).is_some();
+    if (from_target || !h.forwards(&header::HOST) || hosts_twice())
         && let Ok(v) = HeaderValue::from_maybe_shared(authority.clone())
     {
         h.insert(header::HOST, v);
@@ -1028,5 +1031,27 @@ mod tests {
         h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         strip_hop_by_hop(&mut h);
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn the_upstream_gets_one_host_the_one_routed_by() {
+        let hosts = |h: &ReqHeaders| h.map.get_all(header::HOST).iter().map(|v| v.to_str().unwrap().to_string()).collect::<Vec<_>>();
+        let authority = Bytes::from_static(b"svc");
+        // HTTP/2 without :authority, two host fields (routed by the first).
+        let mut h = ReqHeaders::default();
+        h.map.append(header::HOST, HeaderValue::from_static("svc"));
+        h.map.append(header::HOST, HeaderValue::from_static("other"));
+        prepare_headers(&mut h, &authority, false);
+        assert_eq!(hosts(&h), ["svc"]);
+        // The target's authority replaces a Host that differs from it.
+        let mut h = ReqHeaders::default();
+        h.map.append(header::HOST, HeaderValue::from_static("elsewhere"));
+        prepare_headers(&mut h, &authority, true);
+        assert_eq!(hosts(&h), ["svc"]);
+        // One Host, no authority in the target: kept as it is.
+        let mut h = ReqHeaders::default();
+        h.map.append(header::HOST, HeaderValue::from_static("svc:80"));
+        prepare_headers(&mut h, &authority, false);
+        assert_eq!(hosts(&h), ["svc:80"]);
     }
 }

@@ -265,6 +265,10 @@ async fn malformed_and_truncated_answers_fail_clearly() {
     let out = raw(addr, b"GET /listed-length HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n").await;
     assert!(out.starts_with("HTTP/1.1 200 OK\r\n") && out.ends_with("\r\n\r\nhello"), "{out}");
     assert!(out.contains("\r\ncontent-length: 5\r\n") && !out.contains("5, 5"), "{out}");
+    // ...and so does the one a HEAD answer announces, which the proxy does not rewrite.
+    let out = raw(addr, b"HEAD /listed-length HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n") && out.ends_with("\r\n\r\n") && out.contains("\r\nContent-Length: 5\r\n"), "{out}");
+    assert_eq!(out.to_ascii_lowercase().matches("content-length").count(), 1, "{out}");
     // The head was fine and went downstream; the body then ended early: the client must see
     // the stream fail, not a short body that looks complete. (Whether the client fails the
     // body or, reading it all at once, the whole message, is its own timing.)
@@ -537,7 +541,8 @@ async fn fields_two_hops_could_read_two_ways_are_refused_or_sent_as_one() {
             let mut pending = Vec::new();
             let Some(head) = read_head(&mut s, &mut pending).await else { return };
             let mut buf = [0u8; 64];
-            while head.starts_with("POST") && pending.len() < 5 {
+            let chunked = head.contains("\r\ntransfer-encoding: chunked");
+            while (head.starts_with("POST") && pending.len() < 5) || (chunked && !pending.ends_with(b"0\r\n\r\n")) {
                 match tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
                     Ok(Ok(n)) if n > 0 => pending.extend_from_slice(&buf[..n]),
                     _ => break,
@@ -556,8 +561,15 @@ async fn fields_two_hops_could_read_two_ways_are_refused_or_sent_as_one() {
     let out = raw(addr, b"POST /listed HTTP/1.1\r\nHost: s\r\nContent-Length: 5, 5\r\nConnection: close\r\n\r\nhello").await;
     assert!(out.starts_with("HTTP/1.1 200") && out.ends_with("ok"), "{out}");
     let (head, body) = last();
-    assert!(head.contains("\r\ncontent-length: 5") && !head.contains("5, 5"), "{head}");
-    assert_eq!(body, b"hello");
+    assert!(head.contains("\r\nContent-Length: 5\r\n") && !head.contains("5, 5"), "{head}");
+    assert_eq!((head.to_ascii_lowercase().matches("content-length").count(), &body[..]), (1, &b"hello"[..]), "{head}");
+
+    // A GET's chunked body (a search query) goes on with it, chunked.
+    let out = raw(addr, b"GET /search HTTP/1.1\r\nHost: s\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nquery\r\n0\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let (head, body) = last();
+    assert!(head.starts_with("GET /search HTTP/1.1\r\n"), "{head}");
+    assert_eq!(String::from_utf8_lossy(&body), "5\r\nquery\r\n0\r\n\r\n", "{head}");
 
     // An absolute-form target names the authority: it routes the request, and it is the Host
     // the upstream gets, not the client's own Host line (RFC 9112 §3.2.2).

@@ -47,8 +47,9 @@ pub enum ReqFraming {
 
 /// Choose the request's framing, as hyper's client does: a valid `content-length` the request
 /// already carries is kept; otherwise the body's own exact length, or chunked when unknown.
-/// GET, HEAD and CONNECT with a body of unknown length are sent without one (they almost
-/// never have bodies, and a `0` chunk on a GET confuses servers). Returns the framing and
+/// GET, HEAD and CONNECT from an HTTP/2 client with a body of unknown length are sent without
+/// one (they almost never have bodies, and a `0` chunk on a GET confuses servers); from an
+/// HTTP/1.1 client, whose own framing says a body follows, it goes on chunked. Returns the framing and
 /// whether `content-length` / `transfer-encoding: chunked` must be added to the head.
 pub fn request_framing(method: &Method, headers: &ReqHeaders, end_of_stream: bool, exact: Option<u64>) -> (ReqFraming, bool) {
     if let Some(n) = content_length(headers) {
@@ -59,7 +60,9 @@ pub fn request_framing(method: &Method, headers: &ReqHeaders, end_of_stream: boo
     }
     match exact {
         Some(n) => (ReqFraming::Length(n), true),
-        None if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => (ReqFraming::Empty, false),
+        // An HTTP/1.1 client's (it has fields) framed its body itself: it has one, which goes
+        // on (a search query in a GET); only an HTTP/2 stream left open says nothing.
+        None if headers.fields.is_none() && matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => (ReqFraming::Empty, false),
         None => (ReqFraming::Chunked, true),
     }
 }
@@ -235,10 +238,11 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
         let reason = resp.reason.filter(|r| !r.is_empty() && Some(*r) != status.canonical_reason()).map(|r| Bytes::copy_from_slice(r.as_bytes()));
         let mut fields = Fields::new(buf.split_to(len).freeze(), list);
         let framing = seen.framing(status, version, head_request)?;
-        if seen.both_framings() || seen.length_listed {
-            // Not forwarded: the chunks frame the body, or the list becomes our own single
-            // value (the body knows its exact length).
+        if seen.both_framings() {
+            // Not forwarded: the chunks frame the body.
             fields.drop_content_length();
+        } else if seen.length_listed {
+            fields.single_content_length();
         }
         let keep_alive = framing != RespFraming::Close && seen.persists(version) && !seen.both_framings();
         return Ok(Some(Head { status, version, fields, framing, keep_alive, reason }));
@@ -279,8 +283,14 @@ impl Framing {
     pub(super) fn note(&mut self, kind: Kind, value: &[u8]) {
         match kind {
             Kind::ContentLength => {
-                self.length_listed |= self.length.is_some() || !is_plain_length(value);
-                self.length = Some(match (self.length, parse_length(value)) {
+                let n = if is_plain_length(value) {
+                    Ok(plain_length(value))
+                } else {
+                    self.length_listed = true;
+                    parse_length(value)
+                };
+                self.length_listed |= self.length.is_some();
+                self.length = Some(match (self.length, n) {
                     (None, n) => n,
                     (Some(Ok(a)), Ok(b)) if a == b => Ok(a),
                     _ => Err(()),
@@ -288,7 +298,9 @@ impl Framing {
             }
             Kind::TransferEncoding => {
                 self.transfer_encoding = true;
-                for coding in value.split(|&b| b == b',').map(<[u8]>::trim_ascii).filter(|c| !c.is_empty()) {
+                // `identity` (RFC 2616's "no coding") changes nothing and is passed over.
+                let codings = value.split(|&b| b == b',').map(<[u8]>::trim_ascii);
+                for coding in codings.filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity")) {
                     let chunked = coding.eq_ignore_ascii_case(b"chunked");
                     self.chunked = self.chunked.saturating_add(u8::from(chunked));
                     self.other_coding |= !chunked;
@@ -317,7 +329,7 @@ impl Framing {
         } else if self.other_coding {
             Err(CodingError::Unsupported)
         } else if !self.chunked_last {
-            Err(CodingError::Empty)
+            Err(CodingError::NotChunked)
         } else {
             Ok(())
         }
@@ -333,6 +345,7 @@ impl Framing {
             }
             return match self.coding_error() {
                 Ok(()) => Ok(RespFraming::Chunked),
+                Err(CodingError::NotChunked) => Ok(RespFraming::Close),
                 Err(e) => err(e.to_string()),
             };
         }
@@ -362,8 +375,9 @@ pub(super) enum CodingError {
     ChunkedTwice,
     /// A coding other than chunked (gzip, deflate, compress, identity, an extension).
     Unsupported,
-    /// No coding at all (`transfer-encoding:` with an empty value).
-    Empty,
+    /// No coding but `identity`, or none at all: nothing frames the body. A request must
+    /// then be refused (RFC 9112 §6.3); a response runs to the close.
+    NotChunked,
 }
 
 impl std::fmt::Display for CodingError {
@@ -371,7 +385,7 @@ impl std::fmt::Display for CodingError {
         f.write_str(match self {
             CodingError::ChunkedTwice => "transfer-encoding applies chunked more than once",
             CodingError::Unsupported => "transfer-encoding lists a coding other than chunked, which weft does not decode",
-            CodingError::Empty => "transfer-encoding lists no coding",
+            CodingError::NotChunked => "transfer-encoding does not end with chunked",
         })
     }
 }
@@ -381,18 +395,23 @@ fn is_plain_length(v: &[u8]) -> bool {
     !v.is_empty() && v.len() <= 19 && v.iter().all(u8::is_ascii_digit)
 }
 
+/// The value of a [`is_plain_length`] one.
+fn plain_length(v: &[u8]) -> u64 {
+    v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'))
+}
+
 /// One `content-length` value: digits, or a comma-separated list of equal ones.
 pub(super) fn parse_length(v: &[u8]) -> Result<u64, ()> {
     // Nearly every value is plain digits: read them without splitting.
     if is_plain_length(v) {
-        return Ok(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')));
+        return Ok(plain_length(v));
     }
     let mut found = None;
     for part in v.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
         if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
             return Err(());
         }
-        let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let n = plain_length(part);
         if found.is_some_and(|f| f != n) {
             return Err(());
         }
@@ -654,6 +673,12 @@ mod tests {
         assert_eq!(framing(&Method::GET, &h, true, Some(0)), (ReqFraming::Empty, false));
         assert_eq!(framing(&Method::POST, &h, false, Some(5)), (ReqFraming::Length(5), true));
         assert_eq!(framing(&Method::POST, &h, false, None), (ReqFraming::Chunked, true));
+        // A GET whose HTTP/1.1 client sent it a chunked body (the client's fields are there)
+        // keeps it; an HTTP/2 GET left open is sent without one.
+        let from_h1 = ReqHeaders::new(HeaderMap::new(), Some(Fields::default()));
+        assert_eq!(request_framing(&Method::GET, &from_h1, false, None), (ReqFraming::Chunked, true));
+        assert_eq!(request_framing(&Method::GET, &from_h1, true, None), (ReqFraming::Empty, false));
+        assert_eq!(framing(&Method::GET, &h, false, None), (ReqFraming::Empty, false));
         assert_eq!(framing(&Method::GET, &h, false, None), (ReqFraming::Empty, false));
         let encode = |method: &Method, target: &str, headers: &HeaderMap, (f, add): (ReqFraming, bool)| {
             let mut out = Vec::new();
@@ -722,11 +747,20 @@ mod tests {
         let h = h.unwrap().unwrap();
         assert_eq!((h.framing, h.keep_alive), (RespFraming::Chunked, false));
         // A listed length is valid but goes downstream as one value, written by the proxy.
-        for listed in ["Content-Length: 5, 5", "Content-Length: 5\r\ncontent-length: 5"] {
-            let (h, _) = head_of(&format!("HTTP/1.1 200 OK\r\n{listed}\r\n\r\n"), false);
-            let h = h.unwrap().unwrap();
-            assert_eq!((h.framing, h.fields.get("content-length")), (RespFraming::Length(5), None), "{listed}");
+        for listed in ["Content-Length: 5, 5", "Content-Length: 5\r\ncontent-length: 5", "Content-Length:  5 ,5,  5"] {
+            for head_request in [false, true] {
+                let (h, _) = head_of(&format!("HTTP/1.1 200 OK\r\n{listed}\r\n\r\n"), head_request);
+                let h = h.unwrap().unwrap();
+                let lengths: Vec<_> = h.fields.iter().collect();
+                assert_eq!(lengths, [(&b"Content-Length"[..], &b"5"[..])], "{listed}");
+                assert_eq!(h.framing, RespFraming::Length(if head_request { 0 } else { 5 }), "{listed}");
+            }
         }
+        // `identity` changes nothing: with no other coding, the body runs to the close.
+        let (h, _) = head_of("HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\n", false);
+        assert_eq!(h.unwrap().unwrap().framing, RespFraming::Close);
+        let (h, _) = head_of("HTTP/1.1 200 OK\r\nTransfer-Encoding: identity, chunked\r\n\r\n", false);
+        assert_eq!(h.unwrap().unwrap().framing, RespFraming::Chunked);
         let (h, _) = head_of("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", false);
         assert!(!h.unwrap().unwrap().keep_alive, "HTTP/1.0 closes unless asked to keep alive");
         let (h, _) = head_of("HTTP/1.0 200 OK\r\nContent-Length: 1\r\nConnection: Keep-Alive\r\n\r\n", false);

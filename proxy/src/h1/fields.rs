@@ -44,8 +44,12 @@ impl Kind {
     pub(super) fn of(name: &[u8]) -> Kind {
         match name.len() {
             2 if name.eq_ignore_ascii_case(b"te") => Kind::Te,
-            4 if name.eq_ignore_ascii_case(b"date") => Kind::Date,
-            4 if name.eq_ignore_ascii_case(b"host") => Kind::Host,
+            // Every request has a Host and most responses a Date: one folded word for both.
+            4 => match u32::from_le_bytes(name.try_into().unwrap_or_default()) | 0x2020_2020 {
+                w if w == u32::from_le_bytes(*b"host") => Kind::Host,
+                w if w == u32::from_le_bytes(*b"date") => Kind::Date,
+                _ => Kind::Other,
+            },
             6 if name.eq_ignore_ascii_case(b"expect") => Kind::Expect,
             7 if name.eq_ignore_ascii_case(b"upgrade") => Kind::Hop,
             10 if folded_eq(name, b"connection") => Kind::Connection,
@@ -146,6 +150,29 @@ impl Fields {
     /// Leave out every `content-length` (the coding frames the body instead).
     pub(super) fn drop_content_length(&mut self) {
         self.list.retain(|f| f.kind != Kind::ContentLength);
+    }
+
+    /// Make an agreeing `content-length` (`5, 5`, or on several lines) one field holding one
+    /// value (RFC 9110 §8.6), so that a message whose length is not rewritten (HEAD and 304
+    /// answers, a request's `0`) still carries it: the first field keeps its first element,
+    /// the others go.
+    pub(super) fn single_content_length(&mut self) {
+        let head = &self.head;
+        let mut first = true;
+        self.list.retain_mut(|f| {
+            if f.kind != Kind::ContentLength {
+                return true;
+            }
+            if !std::mem::take(&mut first) {
+                return false;
+            }
+            let value = &head[f.span.2 as usize..f.span.3 as usize];
+            let element = value.split(|&b| b == b',').next().unwrap_or_default().trim_ascii();
+            let at = f.span.2 + (element.as_ptr() as usize - value.as_ptr() as usize) as u32;
+            f.span.2 = at;
+            f.span.3 = at + element.len() as u32;
+            true
+        });
     }
 
     /// How many fields are forwarded.
@@ -267,6 +294,16 @@ mod tests {
     #[test]
     fn the_eight_byte_compare_agrees_with_case_folding_for_every_token_byte() {
         let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        let four = |n: &[u8]| u32::from_le_bytes(n.try_into().unwrap()) | 0x2020_2020;
+        for target in [b"host", b"date"] {
+            for at in 0..4 {
+                for b in (0..=255u8).filter(|&b| token(b)) {
+                    let mut name = *target;
+                    name[at] = b;
+                    assert_eq!(four(&name) == four(target), name.eq_ignore_ascii_case(target), "{:?}", String::from_utf8_lossy(&name));
+                }
+            }
+        }
         for target in [&b"connection"[..], b"keep-alive", b"content-length", b"proxy-connection", b"transfer-encoding", b"proxy-authenticate"] {
             for at in 0..target.len() {
                 for b in (0..=255u8).filter(|&b| token(b)) {
