@@ -99,8 +99,31 @@ impl Reader {
 struct Slot {
     /// The read side, and whether the body was read to its end.
     back: Mutex<Option<(Box<Reader>, Decoder)>>,
-    /// The response head has gone out: a `100 Continue` would come too late.
-    responded: AtomicBool,
+    /// Who writes the `100 Continue`, and how much of it is out.
+    interim: Mutex<Interim>,
+}
+
+/// The `100 Continue` a body owes, shared by the body (which writes it when first read) and
+/// the response (whose head may go first, an early answer).
+#[derive(Default)]
+struct Interim {
+    /// The response head is queued: a `100 Continue` not yet begun would come too late.
+    responded: bool,
+    /// Bytes of [`request::CONTINUE`] written so far.
+    written: usize,
+}
+
+impl Slot {
+    /// The response head is about to be queued: from now on the body writes nothing. Returns
+    /// the rest of a `100 Continue` the body began but could not finish (a full socket
+    /// buffer), which must go out first, or the head would land inside it.
+    fn respond(&self) -> &'static [u8] {
+        let mut st = self.interim.lock().unwrap();
+        st.responded = true;
+        let rest = &request::CONTINUE[st.written..];
+        st.written = request::CONTINUE.len();
+        if rest.len() == request::CONTINUE.len() { &[] } else { rest }
+    }
 }
 
 /// Serve HTTP/1.1 on `tcp` until the client closes, an exchange cannot be followed by another,
@@ -243,7 +266,7 @@ impl Conn {
             Some(framing) => {
                 let slot = Arc::new(Slot::default());
                 let reader = self.reader.take();
-                let body = Body { reader, decoder: Decoder::new(framing), slot: slot.clone(), expect_continue: head.expect_continue.then_some(0) };
+                let body = Body { reader, decoder: Decoder::new(framing), slot: slot.clone(), expect_continue: head.expect_continue };
                 (DownBody::H1(body), Some(slot))
             }
         };
@@ -266,10 +289,10 @@ impl Conn {
         let (framing, add) = request::response_framing(&head, head_request, body.size_hint().exact());
         let keep_alive = keep_alive && framing != Out::Close;
         self.out.buf.clear();
-        request::encode_response_head(&mut self.out.buf, &head, framing, add, keep_alive);
         if let Some(s) = slot {
-            s.responded.store(true, Ordering::Release);
+            self.out.buf.extend_from_slice(s.respond());
         }
+        request::encode_response_head(&mut self.out.buf, &head, framing, add, keep_alive);
         let trailers = match framing {
             Out::Chunked => codec::trailers_named(head.get_all(&header::TRAILER)),
             _ => Vec::new(),
@@ -478,9 +501,9 @@ pub struct Body {
     reader: Option<Box<Reader>>,
     decoder: Decoder,
     slot: Arc<Slot>,
-    /// `Some(written)` while a `100 Continue` is owed: sent on the first poll, unless the
-    /// response went out first.
-    expect_continue: Option<usize>,
+    /// A `100 Continue` is owed: sent on the first poll, unless the response went out first
+    /// (progress in the slot's [`Interim`]).
+    expect_continue: bool,
 }
 
 impl Body {
@@ -511,14 +534,18 @@ impl http_body::Body for Body {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = self.get_mut();
         let Some(reader) = this.reader.as_mut() else { return Poll::Ready(None) };
-        if let Some(written) = this.expect_continue.as_mut() {
-            if !this.slot.responded.load(Ordering::Acquire)
-                && reader.buf.is_empty()
-                && let Err(e) = ready!(poll_write_all(&reader.tcp, cx, request::CONTINUE, written))
+        if this.expect_continue {
+            let mut st = this.slot.interim.lock().unwrap();
+            // Not once the response went first, nor when the client sent the body anyway.
+            if !st.responded
+                && (st.written > 0 || reader.buf.is_empty())
+                && let Err(e) = ready!(poll_write_all(&reader.tcp, cx, request::CONTINUE, &mut st.written))
             {
+                drop(st);
                 return this.fail(format!("error writing 100 Continue: {e}"));
             }
-            this.expect_continue = None;
+            drop(st);
+            this.expect_continue = false;
         }
         loop {
             let decoded = match this.decoder.decode(&mut reader.buf, MAX_FRAME) {
@@ -555,5 +582,24 @@ impl http_body::Body for Body {
 
     fn size_hint(&self) -> SizeHint {
         self.decoder.exact_remaining().map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_response_finishes_a_partly_written_100_continue_before_its_head() {
+        let slot = Slot::default();
+        assert_eq!(slot.respond(), b"", "not begun: never sent once the answer goes first");
+        let slot = Slot::default();
+        slot.interim.lock().unwrap().written = 10;
+        assert_eq!(slot.respond(), &request::CONTINUE[10..], "begun: the rest goes ahead of the head");
+        let st = slot.interim.lock().unwrap();
+        assert!(st.responded && st.written == request::CONTINUE.len(), "and the body writes no more of it");
+        let slot = Slot::default();
+        slot.interim.lock().unwrap().written = request::CONTINUE.len();
+        assert_eq!(slot.respond(), b"", "already whole");
     }
 }
