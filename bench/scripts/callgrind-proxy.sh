@@ -10,6 +10,7 @@
 # Prints instructions per request (total Ir over the measured requests, after a warm-up that
 # is not counted) and leaves the profile in $OUT (default /tmp/callgrind-proxy) for
 # `callgrind_annotate --inclusive=yes $OUT/callgrind.out.*`.
+# CALLGRIND_ARGS adds valgrind options (`--dump-instr=yes` for bench/scripts/atomics.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 target=${1:-weft}
@@ -40,7 +41,7 @@ case "$target" in
   *) echo "unknown target $target (weft|min-proxy)" >&2; exit 2 ;;
 esac
 
-valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out.%p" "${cmd[@]}" 2> "$out/valgrind.log" &
+valgrind --tool=callgrind ${CALLGRIND_ARGS:-} --callgrind-out-file="$out/callgrind.out.%p" "${cmd[@]}" 2> "$out/valgrind.log" &
 pids+=("$!")
 for _ in $(seq 100); do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then break; fi

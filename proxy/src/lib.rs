@@ -96,21 +96,10 @@ impl Shared {
         }
     }
 
+    /// A request's labels before it is routed: every value empty (free to make: see
+    /// [`LabelValue`](telemetry::LabelValue)).
     pub fn empty_labels(&self) -> Labels {
-        let e = self.telemetry.empty.clone();
-        Labels {
-            service: e.clone(),
-            route: e.clone(),
-            experiment: e.clone(),
-            variant: e.clone(),
-            cluster: e.clone(),
-            endpoint: e.clone(),
-            status_class: "",
-            model_name: e.clone(),
-            model_version: e.clone(),
-            tenant_id: e,
-            shadow: false,
-        }
+        Labels::default()
     }
 
     /// Validate `cfg` against the running snapshot and swap it in. The old snapshot keeps

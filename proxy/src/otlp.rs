@@ -360,23 +360,21 @@ impl Exporter {
     }
 
     fn common(&self, attrs: &mut Attrs, l: &Labels, tenant: Option<&Arc<str>>) {
-        let mut s = |k: &'static str, v: &Arc<str>| {
-            if !v.is_empty() {
+        let mut s = |k: &'static str, v: Option<&Arc<str>>| {
+            if let Some(v) = v.filter(|v| !v.is_empty()) {
                 attrs.push((k, Val::Shared(v.clone())));
             }
         };
-        s("weft.service", &l.service);
-        s("weft.route", &l.route);
-        s("weft.experiment", &l.experiment);
-        s("weft.variant", &l.variant);
-        s("weft.cluster", &l.cluster);
-        s("weft.model.name", &l.model_name);
-        s("gen_ai.request.model", &l.model_name);
-        s("weft.model.version", &l.model_version);
-        s("weft.tenant", tenant.unwrap_or(&l.tenant_id));
-        if let Some(r) = &self.run_id {
-            s("weft.run_id", r);
-        }
+        s("weft.service", l.service.get());
+        s("weft.route", l.route.get());
+        s("weft.experiment", l.experiment.get());
+        s("weft.variant", l.variant.get());
+        s("weft.cluster", l.cluster.get());
+        s("weft.model.name", l.model_name.get());
+        s("gen_ai.request.model", l.model_name.get());
+        s("weft.model.version", l.model_version.get());
+        s("weft.tenant", tenant.or(l.tenant_id.get()));
+        s("weft.run_id", self.run_id.as_ref());
         attrs.push(("weft.shadow", Val::Bool(l.shadow)));
     }
 }
@@ -703,7 +701,7 @@ impl ReqSpan {
         })));
         attrs.push(("http.response.status_code", Val::Int(status as i64)));
         if !labels.endpoint.is_empty() {
-            attrs.push(("weft.endpoint", Val::Shared(labels.endpoint.clone())));
+            attrs.push(("weft.endpoint", Val::Shared(labels.endpoint.shared())));
         }
         if self.tries > 1 {
             attrs.push(("weft.retries", Val::Int(self.tries as i64 - 1)));

@@ -98,19 +98,19 @@ async fn serve(
         .with("host", host.to_string())
     })?;
     let service = &snap.services[si];
-    labels.service = service.name.clone();
+    labels.service = service.name.clone().into();
 
     // 2. Which route: path, headers, KServe model name.
     let path = parts.uri.path();
     let model = route::kserve_model(path);
     if let Some(m) = model {
-        labels.model_name = Arc::from(m);
+        labels.model_name = m.into();
     }
     let route = service.routes.iter().find(|r| r.matcher.matches(path, &headers, model)).ok_or_else(|| {
         Local::new(StatusCode::NOT_FOUND, "no_route", format!("service {:?} has no route for {path:?}", &*service.name))
             .with("path", path.to_string())
     })?;
-    labels.route = route.name.clone();
+    labels.route = route.name.clone().into();
     let tenant = header_str(&headers, snap.tenant_header.as_ref());
     labels.tenant_id = sh.telemetry.tenant_label(tenant);
     if let Some(s) = span.as_mut() {
@@ -126,16 +126,16 @@ async fn serve(
             (&snap.clusters[v.cluster], Some(v), Some(exp))
         }
     };
-    labels.cluster = cluster.name.clone();
+    labels.cluster = cluster.name.clone().into();
     if let (Some(v), Some(e)) = (variant, experiment) {
-        labels.experiment = e.name.clone();
-        labels.variant = v.name.clone();
-        labels.model_version = v.model_version.clone();
+        labels.experiment = e.name.clone().into();
+        labels.variant = v.name.clone().into();
+        labels.model_version = v.model_version.clone().into();
     }
     if let Some(mv) = header_str(&headers, snap.model_version_header.as_ref())
         .or_else(|| route::kserve_version(path))
     {
-        labels.model_version = Arc::from(mv);
+        labels.model_version = mv.into();
     }
 
     // 4. Per-variant isolation: a slot, or shed at once.
@@ -179,7 +179,7 @@ async fn serve(
             return Err(local);
         }
     };
-    labels.endpoint = cluster.endpoints[sent.ep].label.clone();
+    labels.endpoint = cluster.endpoints[sent.ep].label.clone().into();
     labels.status_class = telemetry::status_class(sent.resp.status().as_u16());
     let ending = req_parts.span.take().map(|s| s.responded(sent.attempt, sent.resp.status().as_u16()));
 
@@ -192,7 +192,7 @@ async fn serve(
         rparts.headers.insert(X_WEFT_VARIANT.clone(), v.header.clone());
     }
     sent.held.hand_over();
-    let on_end = finish_on_end(sh, cluster, sent.ep, slot, labels.clone(), start, sent.attempts - 1, &req_parts, ending);
+    let on_end = finish_on_end(sh, cluster, sent.ep, slot, std::mem::take(labels), start, sent.attempts - 1, &req_parts, ending);
     let content_type = match incoming.fields() {
         Some(f) => f.get("content-type"),
         None => headers::find(&rparts.headers, &header::CONTENT_TYPE).map(|v| v.as_bytes()),

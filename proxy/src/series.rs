@@ -174,15 +174,15 @@ thread_local! {
 /// the map lock (≈500 instructions per request). Equal strings in different allocations just
 /// miss and take the slow path.
 fn same_strings(a: &Labels, b: &Labels) -> bool {
-    Arc::ptr_eq(&a.service, &b.service)
-        && Arc::ptr_eq(&a.route, &b.route)
-        && Arc::ptr_eq(&a.experiment, &b.experiment)
-        && Arc::ptr_eq(&a.variant, &b.variant)
-        && Arc::ptr_eq(&a.cluster, &b.cluster)
-        && Arc::ptr_eq(&a.endpoint, &b.endpoint)
-        && Arc::ptr_eq(&a.model_name, &b.model_name)
-        && Arc::ptr_eq(&a.model_version, &b.model_version)
-        && Arc::ptr_eq(&a.tenant_id, &b.tenant_id)
+    a.service.same(&b.service)
+        && a.route.same(&b.route)
+        && a.experiment.same(&b.experiment)
+        && a.variant.same(&b.variant)
+        && a.cluster.same(&b.cluster)
+        && a.endpoint.same(&b.endpoint)
+        && a.model_name.same(&b.model_name)
+        && a.model_version.same(&b.model_version)
+        && a.tenant_id.same(&b.tenant_id)
         && a.status_class == b.status_class
         && a.shadow == b.shadow
 }
@@ -503,9 +503,10 @@ impl std::fmt::Display for Escaped<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::LabelValue;
 
     fn labels(variant: &str, class: &'static str) -> Labels {
-        Labels { experiment: Arc::from("e"), variant: Arc::from(variant), status_class: class, ..Default::default() }
+        Labels { experiment: LabelValue::from("e"), variant: LabelValue::from(variant), status_class: class, ..Default::default() }
     }
 
     #[test]
@@ -530,7 +531,7 @@ mod tests {
     #[test]
     fn label_values_are_escaped() {
         let st = SeriesStore::new(&[]);
-        let l = Labels { route: Arc::from("a\"b\\c\nd"), status_class: "2xx", ..Default::default() };
+        let l = Labels { route: LabelValue::from("a\"b\\c\nd"), status_class: "2xx", ..Default::default() };
         st.get(&l).requests.fetch_add(1, Relaxed);
         let mut out = String::new();
         st.render(&mut out);

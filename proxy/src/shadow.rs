@@ -66,8 +66,8 @@ pub(crate) fn spawn(
         span: None,
     };
     let mut labels = primary.clone();
-    labels.variant = s.variant.clone();
-    labels.cluster = cluster.name.clone();
+    labels.variant = s.variant.clone().into();
+    labels.cluster = cluster.name.clone().into();
     labels.shadow = true;
     let timeout = s.timeout;
     let max_body = s.max_body_bytes;
@@ -124,7 +124,7 @@ pub(crate) fn spawn(
         match result {
             Ok((status, endpoint)) => {
                 labels.status_class = telemetry::status_class(status);
-                labels.endpoint = endpoint;
+                labels.endpoint = endpoint.into();
                 if let Some(s) = span {
                     s.finish(&labels, Ok(status));
                 }
