@@ -49,8 +49,8 @@ pub enum ReqFraming {
 /// already carries is kept; otherwise the body's own exact length, or chunked when unknown.
 /// GET, HEAD and CONNECT from an HTTP/2 client with a body of unknown length are sent without
 /// one (they almost never have bodies, and a `0` chunk on a GET confuses servers); from an
-/// HTTP/1.1 client, whose own framing says a body follows, it goes on chunked. Returns the framing and
-/// whether `content-length` / `transfer-encoding: chunked` must be added to the head.
+/// HTTP/1.1 client, whose own framing says a body follows, it goes on chunked. Returns the
+/// framing and whether `content-length` / `transfer-encoding: chunked` must be added to the head.
 pub fn request_framing(method: &Method, headers: &ReqHeaders, end_of_stream: bool, exact: Option<u64>) -> (ReqFraming, bool) {
     if let Some(n) = content_length(headers) {
         return (ReqFraming::Length(n), false);
@@ -269,7 +269,8 @@ pub(super) struct Framing {
     /// Every `content-length` value seen agrees (RFC 9110 §8.6); `Err` once one does not.
     pub(super) length: Option<Result<u64, ()>>,
     /// The length came as a list (`5, 5`) or on more than one line: valid when the values
-    /// agree, but it must not be forwarded so (RFC 9110 §8.6); the proxy writes its own.
+    /// agree, but it must not be forwarded so (RFC 9110 §8.6); it goes on as one field with one
+    /// value ([`Fields::single_content_length`]).
     pub(super) length_listed: bool,
     /// How many `host` lines (requests: more than one is refused, RFC 9112 §3.2).
     pub(super) hosts: u8,
@@ -373,7 +374,7 @@ impl Framing {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum CodingError {
     ChunkedTwice,
-    /// A coding other than chunked (gzip, deflate, compress, identity, an extension).
+    /// A coding other than chunked (gzip, deflate, compress, an extension).
     Unsupported,
     /// No coding but `identity`, or none at all: nothing frames the body. A request must
     /// then be refused (RFC 9112 §6.3); a response runs to the close.
