@@ -127,6 +127,9 @@ pub struct Telemetry {
     tenants: Mutex<HashSet<Arc<str>>>,
     tenant_limit: AtomicUsize,
     access_log: Mutex<Option<AccessLog>>,
+    /// Whether `access_log` holds a log: read on every request, which must not take the lock
+    /// (two atomic read-modify-writes) only to learn that the log is off, as it is by default.
+    access_log_on: std::sync::atomic::AtomicBool,
     /// The OTLP exporter while `telemetry.otlp` is set; one atomic load per request when not.
     otlp: arc_swap::ArcSwapOption<crate::otlp::Exporter>,
     node: config::Node,
@@ -202,6 +205,7 @@ impl Telemetry {
             tenants: Mutex::new(HashSet::new()),
             tenant_limit: AtomicUsize::new(50),
             access_log: Mutex::new(None),
+            access_log_on: std::sync::atomic::AtomicBool::new(false),
             otlp: arc_swap::ArcSwapOption::empty(),
             node: node.clone(),
             other: Arc::from("other"),
@@ -239,7 +243,11 @@ impl Telemetry {
         };
         // The exporter last: it is the other step that can fail, and nothing has changed yet.
         self.set_otlp(t.otlp.as_ref())?;
-        *self.access_log.lock().unwrap() = log;
+        {
+            let mut guard = self.access_log.lock().unwrap();
+            self.access_log_on.store(log.is_some(), Relaxed);
+            *guard = log;
+        }
         // Already-admitted tenants keep their label when the limit shrinks: relabelling a live
         // series would break its counters.
         self.tenant_limit.store(t.tenant_top_n, Relaxed);
@@ -380,7 +388,7 @@ impl Telemetry {
     }
 
     pub fn access_log_enabled(&self) -> bool {
-        self.access_log.lock().unwrap().is_some()
+        self.access_log_on.load(Relaxed)
     }
 
     /// Write one JSON access-log line if this request is sampled.
