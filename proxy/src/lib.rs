@@ -58,7 +58,7 @@ use std::sync::{Arc, Mutex};
 pub use config::Config;
 pub use server::{Options, Proxy};
 pub use snapshot::Snapshot;
-use telemetry::{Labels, Telemetry};
+use telemetry::Telemetry;
 
 /// State shared by every worker, the admin API and the reloader.
 pub struct Shared {
@@ -94,12 +94,6 @@ impl Shared {
             draining: tokio::sync::watch::Sender::new(false),
             reload_lock: Mutex::new(()),
         }
-    }
-
-    /// A request's labels before it is routed: every value empty (free to make: see
-    /// [`LabelValue`](telemetry::LabelValue)).
-    pub fn empty_labels(&self) -> Labels {
-        Labels::default()
     }
 
     /// Validate `cfg` against the running snapshot and swap it in. The old snapshot keeps

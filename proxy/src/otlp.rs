@@ -700,8 +700,8 @@ impl ReqSpan {
             _ => "1.1",
         })));
         attrs.push(("http.response.status_code", Val::Int(status as i64)));
-        if !labels.endpoint.is_empty() {
-            attrs.push(("weft.endpoint", Val::Shared(labels.endpoint.shared())));
+        if let Some(e) = labels.endpoint.get().filter(|e| !e.is_empty()) {
+            attrs.push(("weft.endpoint", Val::Shared(e.clone())));
         }
         if self.tries > 1 {
             attrs.push(("weft.retries", Val::Int(self.tries as i64 - 1)));

@@ -42,7 +42,8 @@ pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<DownBody>, fields: 
     let start = Instant::now();
     let snap = sh.snapshot.load_full();
     let version = req.version();
-    let mut labels = sh.empty_labels();
+    // Every value empty until routed (free to make: see `telemetry::LabelValue`).
+    let mut labels = Labels::default();
     let mut span = None;
     let mut resp = match serve(&sh, &snap, li, req, fields, start, &mut labels, &mut span).await {
         Ok(resp) => resp,

@@ -63,11 +63,6 @@ impl LabelValue {
     pub fn get(&self) -> Option<&Arc<str>> {
         self.0.as_ref()
     }
-
-    /// The value as a shared string (a new empty one when there is none).
-    pub fn shared(&self) -> Arc<str> {
-        self.0.clone().unwrap_or_else(|| Arc::from(""))
-    }
 }
 
 impl std::ops::Deref for LabelValue {
