@@ -405,6 +405,9 @@ fn settings(plan: &Plan, quick: bool) -> Value {
         "proxy_core": plan.proxy_core,
         "load_core": plan.load_core,
         "upstream": format!("hyper HTTP/1.1, {}-byte body, keep-alive, on the load core", weft_bench::upstream::BODY.len()),
+        // Another build measured instead of this workspace's release build (an A/B, or the
+        // profile-guided build of bench/scripts/pgo-build.sh).
+        "weft_proxy_bin": std::env::var("WEFT_PROXY_BIN").ok(),
     })
 }
 
