@@ -81,8 +81,12 @@ echo "3/4 merge" >&2
 shopt -s nullglob
 raw=("$data"/*.profraw)
 [ ${#raw[@]} -gt 0 ] || { echo "pgo-build: the training run wrote no profile in $data" >&2; exit 1; }
-"$profdata" merge -o "$data/merged.profdata" "${raw[@]}"
+"$profdata" merge -o "$work/merged.profdata" "${raw[@]}"
+# Named by its content: cargo sees RUSTFLAGS, not the file, so a new profile under the same name
+# would leave the dependencies built with the old one.
+profile=$root/target/pgo-$(sha256sum "$work/merged.profdata" | cut -c1-16).profdata
+mv "$work/merged.profdata" "$profile"
 
 echo "4/4 optimized build (target/pgo)" >&2
-build target/pgo "-Cprofile-use=$data/merged.profdata"
+build target/pgo "-Cprofile-use=$profile"
 echo "target/pgo/release/weft-proxy"
