@@ -20,17 +20,32 @@ use crate::upstream::Upstream;
 pub enum Target {
     /// The load generator straight to the upstream: the baseline for added latency.
     Direct,
+    /// weft-proxy as shipped: the profile-guided build of `scripts/pgo-build.sh` (or the plain
+    /// release build, with `--weft-build release`; or `WEFT_PROXY_BIN`).
     Weft,
+    /// The plain `cargo build --release` of weft-proxy, beside the shipped build: what the
+    /// profile-guided build gains, measured in the same run.
+    WeftRelease,
     Envoy,
     Nginx,
     Haproxy,
 }
 
+/// Which build of weft-proxy the `weft` target runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeftBuild {
+    /// The profile-guided build (`scripts/pgo-build.sh`): the one to ship.
+    Pgo,
+    /// `cargo build --release`.
+    Release,
+}
+
 impl Target {
     /// All targets, in report order.
-    pub const ALL: [Target; 5] = [
+    pub const ALL: [Target; 6] = [
         Target::Direct,
         Target::Weft,
+        Target::WeftRelease,
         Target::Envoy,
         Target::Nginx,
         Target::Haproxy,
@@ -40,6 +55,7 @@ impl Target {
         match self {
             Target::Direct => "direct",
             Target::Weft => "weft",
+            Target::WeftRelease => "weft_release",
             Target::Envoy => "envoy",
             Target::Nginx => "nginx",
             Target::Haproxy => "haproxy",
@@ -51,21 +67,25 @@ impl Target {
             .into_iter()
             .find(|t| t.name() == name)
             .with_context(|| {
-                format!("unknown target {name:?} (known: direct, weft, envoy, nginx, haproxy)")
+                format!("unknown target {name:?} (known: direct, weft, weft_release, envoy, nginx, haproxy)")
             })
     }
 
-    /// Finds or installs the peer's binary (building weft-proxy from this workspace, unless
-    /// `WEFT_PROXY_BIN` names another build to measure, e.g. an older commit's for an A/B);
-    /// `None` for `direct`, which has no proxy.
-    pub fn prepare(self) -> Result<Option<PathBuf>> {
+    /// Finds or installs the peer's binary; `None` for `direct`, which has no proxy. `weft` is
+    /// the build `weft_build` names, made from this workspace, unless `WEFT_PROXY_BIN` names
+    /// another build to measure (e.g. an older commit's, for an A/B against the same peers).
+    pub fn prepare(self, weft_build: WeftBuild) -> Result<Option<PathBuf>> {
         match self {
             Target::Direct => Ok(None),
             Target::Weft => match std::env::var_os("WEFT_PROXY_BIN") {
                 Some(p) if Path::new(&p).is_file() => Ok(Some(PathBuf::from(p))),
                 Some(p) => bail!("WEFT_PROXY_BIN={}: no such file", Path::new(&p).display()),
-                None => crate::workspace::release_bin("weft-proxy").map(Some),
+                None => match weft_build {
+                    WeftBuild::Pgo => crate::workspace::pgo_weft_proxy().map(Some),
+                    WeftBuild::Release => crate::workspace::release_bin("weft-proxy").map(Some),
+                },
             },
+            Target::WeftRelease => crate::workspace::release_bin("weft-proxy").map(Some),
             Target::Envoy => install::ensure_envoy().map(Some),
             Target::Nginx => install::ensure_apt("nginx", "nginx-light").map(Some),
             Target::Haproxy => install::ensure_apt("haproxy", "haproxy").map(Some),
@@ -76,7 +96,7 @@ impl Target {
     pub fn version(self, bin: &Path) -> Option<String> {
         let args: &[&str] = match self {
             Target::Direct => return None,
-            Target::Weft | Target::Envoy | Target::Haproxy => &["--version"],
+            Target::Weft | Target::WeftRelease | Target::Envoy | Target::Haproxy => &["--version"],
             Target::Nginx => &["-v"],
         };
         let line = install::version_line(bin, args)?;
@@ -148,7 +168,7 @@ impl Target {
         let mut process = Spawned::start(self.name(), &mut cmd)?;
 
         let (ready_addr, ready_path) = match self {
-            Target::Weft | Target::Envoy => (ports.admin, "/ready"),
+            Target::Weft | Target::WeftRelease | Target::Envoy => (ports.admin, "/ready"),
             _ => (ports.listen, "/"),
         };
         let ready = wait_ok(
@@ -178,7 +198,7 @@ impl Target {
     fn template(self) -> (&'static str, &'static str) {
         match self {
             Target::Direct => unreachable!("direct has no configuration"),
-            Target::Weft => ("weft.yaml", include_str!("../peers/weft.yaml")),
+            Target::Weft | Target::WeftRelease => ("weft.yaml", include_str!("../peers/weft.yaml")),
             Target::Envoy => ("envoy.yaml", include_str!("../peers/envoy.yaml")),
             Target::Nginx => ("nginx.conf", include_str!("../peers/nginx.conf")),
             Target::Haproxy => ("haproxy.cfg", include_str!("../peers/haproxy.cfg")),
@@ -191,7 +211,7 @@ impl Target {
         let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
         match self {
             Target::Direct => Vec::new(),
-            Target::Weft => owned(&["--config", &config, "--workers", "1"]),
+            Target::Weft | Target::WeftRelease => owned(&["--config", &config, "--workers", "1"]),
             Target::Envoy => owned(&[
                 "-c",
                 &config,
@@ -282,7 +302,7 @@ impl Running {
         let admin = self.admin?;
         let (path, parse): (&str, CountParser) = match self.target {
             Target::Envoy => ("/stats?filter=upstream_rq_total", envoy_variant_counts),
-            Target::Weft => ("/metrics", weft_variant_counts),
+            Target::Weft | Target::WeftRelease => ("/metrics", weft_variant_counts),
             _ => return None,
         };
         Some(http_get(admin, path).and_then(|(_, body)| {

@@ -208,6 +208,32 @@ const RATIOS: &[(&str, Target, Target, &str)] = &[
         Target::Haproxy,
         "cpu_us_per_req",
     ),
+    // What the shipped (profile-guided) build gains over the plain release build, and where
+    // the plain build stands against the peers.
+    (
+        "weft_rps_over_weft_release_rps",
+        Target::Weft,
+        Target::WeftRelease,
+        "rps",
+    ),
+    (
+        "weft_cpu_over_weft_release_cpu",
+        Target::Weft,
+        Target::WeftRelease,
+        "cpu_us_per_req",
+    ),
+    (
+        "weft_release_rps_over_nginx_rps",
+        Target::WeftRelease,
+        Target::Nginx,
+        "rps",
+    ),
+    (
+        "weft_release_cpu_over_haproxy_cpu",
+        Target::WeftRelease,
+        Target::Haproxy,
+        "cpu_us_per_req",
+    ),
 ];
 
 pub fn ratios(summary: &Summary) -> Value {

@@ -35,6 +35,33 @@ pub fn release_bin(bin: &str) -> Result<PathBuf> {
         .with_context(|| format!("{} not found after the build", path.display()))
 }
 
+/// Builds weft-proxy as it ships, profile-guided (`scripts/pgo-build.sh`: fat LTO, trained on
+/// a sidecar's load; it reuses the profile when neither the code nor the training changed), and
+/// returns the binary's path: the script's last line of output.
+pub fn pgo_weft_proxy() -> Result<PathBuf> {
+    // The script's training upstreams come from the workspace build; make sure it is current.
+    release_bin("weft-model-sim")?;
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("workspace root")?;
+    let out = Command::new(workspace.join("scripts/pgo-build.sh"))
+        .current_dir(workspace)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running scripts/pgo-build.sh")?;
+    if !out.status.success() {
+        bail!(
+            "scripts/pgo-build.sh failed ({}); `--weft-build release` measures the plain build",
+            out.status
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let path = workspace.join(stdout.lines().last().unwrap_or_default().trim());
+    path.is_file()
+        .then_some(path.clone())
+        .with_context(|| format!("scripts/pgo-build.sh said {}: not a file", path.display()))
+}
+
 /// This binary, by a path that stays valid while this process runs: `/proc/PID/exe`. The
 /// benches re-run themselves (upstream server, stand-in control node, fsync-delay wrapper), and
 /// [`release_bin`]'s workspace build may replace their own file meanwhile (`cargo run -p

@@ -14,7 +14,7 @@ use clap::Parser;
 use serde_json::{Value, json};
 
 use weft_bench::guard::{self, TempDir};
-use weft_bench::peers::{Running, Target};
+use weft_bench::peers::{Running, Target, WeftBuild};
 use weft_bench::report::{self, Sample, Summary};
 use weft_bench::workspace;
 use weft_bench::{install, load, procfs, upstream::Upstream};
@@ -37,8 +37,15 @@ struct Args {
     /// Connections of the load generator (both phases).
     #[arg(long, default_value_t = 50)]
     connections: u32,
-    /// Comma-separated subset of weft,envoy,nginx,haproxy (`direct` always runs: it is the
-    /// baseline for added latency).
+    /// Which build `weft` is: `pgo`, the profile-guided build of scripts/pgo-build.sh (what
+    /// ships; about 8 minutes to build the first time), or `release`, the plain `cargo build
+    /// --release` [default: pgo; quick: release]. With `pgo`, `weft_release` (the plain build)
+    /// runs beside it unless `--only` leaves it out. `WEFT_PROXY_BIN=PATH` measures that
+    /// binary as `weft` instead.
+    #[arg(long, value_enum)]
+    weft_build: Option<WeftBuild>,
+    /// Comma-separated subset of weft,weft_release,envoy,nginx,haproxy (`direct` always runs:
+    /// it is the baseline for added latency).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
     /// Where to write the JSON results [default: bench/results/proxy-load.json; quick:
@@ -92,8 +99,9 @@ fn run(args: &Args) -> Result<bool> {
     let mut missing = serde_json::Map::new();
     let mut versions = serde_json::Map::new();
     let mut ready: Vec<(Target, Option<PathBuf>)> = Vec::new();
+    let weft_build = weft_build(args);
     for target in selected(args)? {
-        match target.prepare() {
+        match target.prepare(weft_build) {
             Ok(bin) => {
                 let version = bin.as_deref().and_then(|b| target.version(b));
                 versions.insert(target.name().into(), json!(version));
@@ -119,7 +127,7 @@ fn run(args: &Args) -> Result<bool> {
             match measure(&plan, *target, bin.as_deref(), repeat, tmp.path()) {
                 Ok(s) => {
                     eprintln!(
-                        "repeat {}/{} {:<8} {:>8.0} req/s  p50 {:.3} ms  p99 {:.3} ms  {:>6.1} µs/req  idle {:.1} MiB",
+                        "repeat {}/{} {:<12} {:>8.0} req/s  p50 {:.3} ms  p99 {:.3} ms  {:>6.1} µs/req  idle {:.1} MiB",
                         repeat + 1,
                         plan.repeats,
                         target.name(),
@@ -160,7 +168,7 @@ fn run(args: &Args) -> Result<bool> {
     let doc = json!({
         "bench": "proxy-load",
         "machine": workspace::machine(),
-        "settings": settings(&plan, args.quick),
+        "settings": settings(&plan, args.quick, weft_build),
         "versions": versions,
         "summary": summary.to_json(),
         "ratios": report::ratios(&summary),
@@ -369,10 +377,23 @@ fn plan(args: &Args) -> Result<Plan> {
     })
 }
 
-/// `direct` plus the `--only` subset (all peers by default), in report order.
+fn weft_build(args: &Args) -> WeftBuild {
+    args.weft_build.unwrap_or(if args.quick {
+        WeftBuild::Release
+    } else {
+        WeftBuild::Pgo
+    })
+}
+
+/// `direct` plus the `--only` subset (by default every peer, and `weft_release` when `weft` is
+/// the profile-guided build), in report order.
 fn selected(args: &Args) -> Result<Vec<Target>> {
     let Some(only) = &args.only else {
-        return Ok(Target::ALL.to_vec());
+        let beside = weft_build(args) == WeftBuild::Pgo;
+        return Ok(Target::ALL
+            .into_iter()
+            .filter(|t| *t != Target::WeftRelease || beside)
+            .collect());
     };
     let wanted = only
         .iter()
@@ -394,7 +415,7 @@ fn rotated<T>(items: &[T], repeat: usize) -> impl Iterator<Item = &T> {
     items[k..].iter().chain(&items[..k])
 }
 
-fn settings(plan: &Plan, quick: bool) -> Value {
+fn settings(plan: &Plan, quick: bool, weft_build: WeftBuild) -> Value {
     json!({
         "quick": quick,
         "repeats": plan.repeats,
@@ -405,8 +426,12 @@ fn settings(plan: &Plan, quick: bool) -> Value {
         "proxy_core": plan.proxy_core,
         "load_core": plan.load_core,
         "upstream": format!("hyper HTTP/1.1, {}-byte body, keep-alive, on the load core", weft_bench::upstream::BODY.len()),
-        // Another build measured instead of this workspace's release build (an A/B, or the
-        // profile-guided build of bench/scripts/pgo-build.sh).
+        // `weft` is this workspace's build named here, unless weft_proxy_bin names another
+        // binary measured in its place (an A/B against an older commit's build).
+        "weft_build": match weft_build {
+            WeftBuild::Pgo => "pgo: scripts/pgo-build.sh (fat LTO, 1 codegen unit, profile from scripts/pgo/training.yaml's load)",
+            WeftBuild::Release => "release: cargo build --release (thin LTO, 4 codegen units)",
+        },
         "weft_proxy_bin": std::env::var("WEFT_PROXY_BIN").ok(),
     })
 }
