@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # weft-proxy's release build, profile-guided: target/pgo/release/weft-proxy.
 #
-#   scripts/pgo-build.sh        # prints the binary's path last
+#   scripts/pgo-build.sh                    # prints the binary's path last
+#   scripts/pgo-build.sh --train-only BIN   # only the training load, against BIN (CI runs it
+#                                           # on the release build so the training never rots)
 #
 # Why: the plain release build (thin LTO, 4 codegen units) spreads the request path's code
 # (tokio, http, weft's generic futures) over many cache lines; callgrind's cache simulation put
@@ -29,45 +31,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-llvm=$(rustc -vV | awk '/^LLVM version:/ { split($3, v, "."); print v[1] }')
-profdata=""
-for c in "llvm-profdata-$llvm" llvm-profdata; do
-  if command -v "$c" > /dev/null && "$c" --version 2>/dev/null | grep -q "LLVM version $llvm\."; then profdata=$c; break; fi
-done
-if [ -z "$profdata" ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-    echo "installing llvm-$llvm for llvm-profdata-$llvm (rustc uses LLVM $llvm)" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y "llvm-$llvm" > /dev/null
-    profdata=llvm-profdata-$llvm
-  else
-    echo "pgo-build: needs llvm-profdata for LLVM $llvm (rustc -vV); e.g. apt-get install llvm-$llvm" >&2
-    exit 2
-  fi
-fi
 command -v h2load > /dev/null || { echo "pgo-build: needs h2load (apt-get install nghttp2-client)" >&2; exit 2; }
 # The workspace-wide build, as every bench builds it, so the model server does not make cargo
 # compile the shared dependencies a second time with other features.
 [ -x target/release/weft-model-sim ] || cargo build --release --workspace --bins
 
-data=$root/target/pgo-data
-build() { # TARGET_DIR RUSTFLAGS
-  CARGO_TARGET_DIR=$1 CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 \
-    RUSTFLAGS="$2" cargo build --release -p weft-proxy --bin weft-proxy
-}
-
-echo "1/4 instrumented build (target/pgo-gen)" >&2
-build target/pgo-gen "-Cprofile-generate=$data"
-
-# Named by what made it: cargo sees RUSTFLAGS, not the file's content, so a new profile under an
-# old name would leave the dependencies built with the old one; and an unchanged binary and
-# training make the same profile, so it is reused.
-key=$(cat target/pgo-gen/release/weft-proxy scripts/pgo/training.yaml scripts/pgo-build.sh | sha256sum | cut -c1-16)
-profile=$root/target/pgo-$key.profdata
-if [ -f "$profile" ]; then
-  echo "2/4, 3/4: the profile for this build and training exists ($profile)" >&2
-else
-  rm -rf "$data" && mkdir -p "$data"   # build scripts ran instrumented too: their profiles go
-  echo "2/4 training load" >&2
+train() { # BIN: serves the training load with BIN until every load has run, then stops it
+  local bin=$1
   work=$(mktemp -d)
   pids=()
   cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
@@ -92,7 +62,7 @@ else
   sed -e "s/{{ADMIN}}/127.0.0.1:0/" -e "s/{{LISTEN}}/$listen/" -e "s/{{SIM_A}}/${sims[0]}/" \
       -e "s/{{SIM_B}}/${sims[1]}/" -e "s/{{SIM_SHADOW}}/${sims[2]}/" scripts/pgo/training.yaml > "$work/weft.yaml"
   for s in "${sims[@]}"; do wait_port "${s#*:}"; done
-  target/pgo-gen/release/weft-proxy --config "$work/weft.yaml" > "$work/proxy.log" 2>&1 &
+  "$bin" --config "$work/weft.yaml" > "$work/proxy.log" 2>&1 &
   proxy=$!
   pids+=("$proxy")
   wait_port "${listen#*:}"
@@ -116,8 +86,52 @@ else
   load "HTTP/1.1 SSE completions" --h1 -n 3000 -c 20 -d "$work/sse.json" "http://$listen/v1/completions"
   load "HTTP/1.1 1.4 MB bodies (streamed)" --h1 -n 300 -c 4 -d "$work/big.json" "$infer"
   kill -TERM "$proxy"
-  wait "$proxy" || { echo "pgo-build: the instrumented proxy did not exit cleanly:" >&2; tail "$work/proxy.log" >&2; exit 1; }
+  wait "$proxy" || { echo "pgo-build: the proxy under training did not exit cleanly:" >&2; tail "$work/proxy.log" >&2; exit 1; }
+}
 
+if [ "${1:-}" = --train-only ]; then
+  [ -x "${2:-}" ] || { echo "pgo-build: --train-only needs a weft-proxy binary" >&2; exit 2; }
+  train "$2"
+  echo "pgo-build: the training load ran against $2" >&2
+  exit 0
+fi
+
+llvm=$(rustc -vV | awk '/^LLVM version:/ { split($3, v, "."); print v[1] }')
+profdata=""
+for c in "llvm-profdata-$llvm" llvm-profdata; do
+  if command -v "$c" > /dev/null && "$c" --version 2>/dev/null | grep -q "LLVM version $llvm\."; then profdata=$c; break; fi
+done
+if [ -z "$profdata" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    echo "installing llvm-$llvm for llvm-profdata-$llvm (rustc uses LLVM $llvm)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "llvm-$llvm" > /dev/null
+    profdata=llvm-profdata-$llvm
+  else
+    echo "pgo-build: needs llvm-profdata for LLVM $llvm (rustc -vV); e.g. apt-get install llvm-$llvm" >&2
+    exit 2
+  fi
+fi
+
+data=$root/target/pgo-data
+build() { # TARGET_DIR RUSTFLAGS
+  CARGO_TARGET_DIR=$1 CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 \
+    RUSTFLAGS="$2" cargo build --release -p weft-proxy --bin weft-proxy
+}
+
+echo "1/4 instrumented build (target/pgo-gen)" >&2
+build target/pgo-gen "-Cprofile-generate=$data"
+
+# Named by what made it: cargo sees RUSTFLAGS, not the file's content, so a new profile under an
+# old name would leave the dependencies built with the old one; and an unchanged binary and
+# training make the same profile, so it is reused.
+key=$(cat target/pgo-gen/release/weft-proxy scripts/pgo/training.yaml scripts/pgo-build.sh | sha256sum | cut -c1-16)
+profile=$root/target/pgo-$key.profdata
+if [ -f "$profile" ]; then
+  echo "2/4, 3/4: the profile for this build and training exists ($profile)" >&2
+else
+  rm -rf "$data" && mkdir -p "$data"   # build scripts ran instrumented too: their profiles go
+  echo "2/4 training load" >&2
+  train target/pgo-gen/release/weft-proxy
   echo "3/4 merge" >&2
   shopt -s nullglob
   raw=("$data"/*.profraw)
