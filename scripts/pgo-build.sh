@@ -21,7 +21,8 @@
 # The training load is a sidecar's, not a benchmark's: scripts/pgo/training.yaml (a sticky A/B
 # experiment over two weft-model-sim servers with a shadow copy to a third, budgeted retries,
 # breakers, outlier detection, tenant labels, a plain route) serving KServe v2 infer calls over
-# HTTP/1.1 (with and without a unit id) and HTTP/2, health checks on the plain route, SSE token
+# HTTP/1.1 (with and without a unit id) and HTTP/2, model metadata reads through the A/B route,
+# health checks on the plain route, SSE token
 # streams, and request bodies larger than the retry buffer (streamed). The model servers fail 1 %
 # of calls so retries and the error paths are exercised too.
 #
@@ -81,6 +82,7 @@ train() { # BIN: serves the training load with BIN until every load has run, the
   }
   load "HTTP/1.1 infer, sticky unit id" --h1 -n 60000 -c 50 -d "$work/infer.json" -H 'x-user-id: user-17' "$infer"
   load "HTTP/1.1 infer, weighted random" --h1 -n 60000 -c 50 -d "$work/infer.json" "$infer"
+  load "HTTP/1.1 GET, A/B route" --h1 -n 60000 -c 50 "http://$listen/v2/models/ranker"
   load "HTTP/1.1 GET, plain route" --h1 -n 60000 -c 50 "http://$listen/v2/health/ready"
   load "HTTP/2 infer" -n 40000 -c 10 -m 10 -d "$work/infer.json" "$infer"
   load "HTTP/1.1 SSE completions" --h1 -n 3000 -c 20 -d "$work/sse.json" "http://$listen/v1/completions"
