@@ -165,11 +165,12 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         spans,
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(reports.clone().run(stopped.clone())));
-    tasks.push(tokio::spawn(crate::scaling::run(state.clone(), stopped.clone())));
-    tasks.push(tokio::spawn(crate::rollouts::run(state.clone(), stopped.clone())));
-    tasks.push(tokio::spawn(crate::training::run(state.clone(), stopped.clone())));
+    let mut tasks = vec![
+        tokio::spawn(reports.clone().run(stopped.clone())),
+        tokio::spawn(crate::scaling::run(state.clone(), stopped.clone())),
+        tokio::spawn(crate::rollouts::run(state.clone(), stopped.clone())),
+        tokio::spawn(crate::training::run(state.clone(), stopped.clone())),
+    ];
 
     let app = api::router(state.clone());
     let mut s = stopped.clone();

@@ -149,7 +149,7 @@ impl JobSpec {
         }
         let dp = self.data_parallel().map_err(|e| ("model", e))?;
         split(self.global_batch, u64::from(dp), self.max_micro_batch).map_err(|e| ("global_batch", e))?;
-        plan(&self.layout()).map_err(|(f, e)| (f, e))?;
+        plan(&self.layout())?;
         Ok(())
     }
 
@@ -172,7 +172,7 @@ impl JobSpec {
                 self.model.tensor_parallel, self.model.pipeline_stages
             )
         })?;
-        if self.workers % per != 0 {
+        if !self.workers.is_multiple_of(per) {
             return Err(format!("workers {} is not a multiple of tensor_parallel × pipeline_stages = {per}", self.workers));
         }
         Ok(self.workers / per)

@@ -87,10 +87,10 @@ pub fn balance(weights: &[u64], k: usize) -> Result<Vec<(usize, usize)>, String>
 /// The layout of every rank, or why it is invalid (naming the field).
 pub fn plan(spec: &LayoutSpec) -> Result<Vec<RankLayout>, (&'static str, String)> {
     let (tp, pp) = (spec.tensor_parallel, spec.pipeline_stages);
-    if tp == 0 || spec.gpus_per_node == 0 || spec.gpus_per_node % tp != 0 {
+    if tp == 0 || spec.gpus_per_node == 0 || !spec.gpus_per_node.is_multiple_of(tp) {
         return Err(("tensor_parallel", format!("{tp} must divide the GPUs of a node ({})", spec.gpus_per_node)));
     }
-    if pp == 0 || spec.workers == 0 || spec.workers % (tp * pp) != 0 {
+    if pp == 0 || spec.workers == 0 || !spec.workers.is_multiple_of(tp * pp) {
         return Err(("workers", format!("{} is not a multiple of tensor_parallel × pipeline_stages = {}", spec.workers, tp * pp)));
     }
     if spec.zero_stage > 3 {

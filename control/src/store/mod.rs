@@ -46,8 +46,9 @@ pub use types::{
 pub enum StoreError {
     /// The redb file could not be opened or created.
     Open(redb::Error),
-    /// Reading or writing the local state failed.
-    Storage(StorageError<NodeId>),
+    /// Reading or writing the local state failed (boxed: openraft's error is over 200 bytes,
+    /// and every store call returns this type).
+    Storage(Box<StorageError<NodeId>>),
     /// This node is not the leader; `leader` (at `member`) is the one it knows of, if any.
     NotLeader {
         leader: Option<NodeId>,
@@ -78,7 +79,7 @@ impl std::error::Error for StoreError {}
 
 impl From<StorageError<NodeId>> for StoreError {
     fn from(e: StorageError<NodeId>) -> Self {
-        Self::Storage(e)
+        Self::Storage(Box::new(e))
     }
 }
 

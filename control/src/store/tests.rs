@@ -348,7 +348,7 @@ impl openraft::testing::StoreBuilder<TypeConfig, LogStore, StateMachineStore, te
         })?;
         let store = match Store::open(dir.path().join("s.redb")) {
             Ok(s) => s,
-            Err(StoreError::Storage(e)) => return Err(e),
+            Err(StoreError::Storage(e)) => return Err(*e),
             Err(e) => {
                 return Err(openraft::StorageIOError::write(openraft::AnyError::error(
                     e.to_string(),
