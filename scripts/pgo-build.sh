@@ -22,9 +22,9 @@
 # experiment over two weft-model-sim servers with a shadow copy to a third, budgeted retries,
 # breakers, outlier detection, tenant labels, a plain route) serving KServe v2 infer calls over
 # HTTP/1.1 (with and without a unit id) and HTTP/2, model metadata reads through the A/B route,
-# health checks on the plain route, SSE token
-# streams, and request bodies larger than the retry buffer (streamed). The model servers fail 1 %
-# of calls so retries and the error paths are exercised too.
+# health checks on the plain route, SSE token streams, and request bodies larger than the retry
+# buffer (streamed). The model servers fail 1 % of calls so retries and the error paths are
+# exercised too.
 #
 # Needs llvm-profdata of the LLVM that rustc was built with (`rustc -vV`; Debian's `llvm-N`
 # package, installed here when missing and running as root), h2load (nghttp2-client), and the
@@ -138,8 +138,9 @@ else
   shopt -s nullglob
   raw=("$data"/*.profraw)
   [ ${#raw[@]} -gt 0 ] || { echo "pgo-build: the training run wrote no profile in $data" >&2; exit 1; }
-  "$profdata" merge -o "$work/merged.profdata" "${raw[@]}"
-  mv "$work/merged.profdata" "$profile"
+  # Renamed into place only once whole: a profile under its final name is reused as is.
+  "$profdata" merge -o "$profile.partial" "${raw[@]}"
+  mv "$profile.partial" "$profile"
 fi
 
 echo "4/4 optimized build (target/pgo)" >&2

@@ -15,9 +15,7 @@ use serde_json::{Value, json};
 /// would compile them once more. One build then serves every bench, and `.ci/run`, which builds
 /// the same way first, pays for one release build instead of one per package.
 pub fn release_bin(bin: &str) -> Result<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("workspace root")?;
+    let workspace = root()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(workspace)
@@ -29,10 +27,7 @@ pub fn release_bin(bin: &str) -> Result<PathBuf> {
     }
     let target_dir =
         std::env::var("CARGO_TARGET_DIR").map_or_else(|_| workspace.join("target"), PathBuf::from);
-    let path = target_dir.join("release").join(bin);
-    path.is_file()
-        .then_some(path.clone())
-        .with_context(|| format!("{} not found after the build", path.display()))
+    built(target_dir.join("release").join(bin), "the build")
 }
 
 /// Builds weft-proxy as it ships, profile-guided (`scripts/pgo-build.sh`: fat LTO, trained on
@@ -41,9 +36,7 @@ pub fn release_bin(bin: &str) -> Result<PathBuf> {
 pub fn pgo_weft_proxy() -> Result<PathBuf> {
     // The script's training upstreams come from the workspace build; make sure it is current.
     release_bin("weft-model-sim")?;
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("workspace root")?;
+    let workspace = root()?;
     let out = Command::new(workspace.join("scripts/pgo-build.sh"))
         .current_dir(workspace)
         .stderr(std::process::Stdio::inherit())
@@ -56,10 +49,24 @@ pub fn pgo_weft_proxy() -> Result<PathBuf> {
         );
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let path = workspace.join(stdout.lines().last().unwrap_or_default().trim());
-    path.is_file()
-        .then_some(path.clone())
-        .with_context(|| format!("scripts/pgo-build.sh said {}: not a file", path.display()))
+    let said = stdout.lines().last().unwrap_or_default().trim();
+    built(workspace.join(said), "scripts/pgo-build.sh")
+}
+
+/// The workspace's root: the parent of this package's directory.
+fn root() -> Result<&'static Path> {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("workspace root")
+}
+
+/// `path`, if `what` left a file there.
+fn built(path: PathBuf, what: &str) -> Result<PathBuf> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        bail!("{} not found after {what}", path.display())
+    }
 }
 
 /// This binary, by a path that stays valid while this process runs: `/proc/PID/exe`. The
