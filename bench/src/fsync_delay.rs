@@ -20,7 +20,7 @@
 //! SIGINT and SIGHUP sent to this process are passed on to the program; if this process dies,
 //! the kernel kills the tracees (`PTRACE_O_EXITKILL`), so nothing keeps running untraced.
 //!
-//! The one module of the workspace with `unsafe`: fork-time setup, ptrace and seccomp have no
+//! One of two modules with `unsafe` (netns.rs is the other): fork-time setup, ptrace and seccomp have no
 //! safe interface in std, and a dependency for them would be larger than this file.
 #![allow(unsafe_code)]
 

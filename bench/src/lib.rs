@@ -11,6 +11,7 @@ pub mod guard;
 pub mod install;
 pub mod load;
 pub mod net;
+pub mod netns;
 pub mod peers;
 pub mod procfs;
 pub mod raft_clusters;

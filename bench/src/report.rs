@@ -172,6 +172,15 @@ impl Summary {
 
 /// A ratio of two medians, `(name, numerator target, denominator target, metric key)`.
 const RATIOS: &[(&str, Target, Target, &str)] = &[
+    // The ceiling of every proxy-over-Envoy throughput ratio this rig can show: a proxy that
+    // cost nothing would still leave the load core (load generator + upstream) to do the work
+    // of `direct`, so no proxy can measure above direct's rps.
+    (
+        "direct_rps_over_envoy_rps",
+        Target::Direct,
+        Target::Envoy,
+        "rps",
+    ),
     (
         "weft_rps_over_envoy_rps",
         Target::Weft,

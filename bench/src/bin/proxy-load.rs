@@ -3,7 +3,9 @@
 //! Every proxy runs one worker pinned to core 0; the upstream and the load generators share
 //! core 1. Per repeat each target (in a rotated order, so drifting machine noise is shared) gets a
 //! fresh upstream and a fresh proxy, then: idle RSS, warm-up, closed-loop `wrk` (throughput and
-//! CPU per request), open-loop `h2load` at a fixed rate (p50/p99), peak RSS. See bench/README.md.
+//! CPU per request), open-loop `h2load` at a fixed rate (p50/p99), peak RSS. All of it runs in a
+//! network namespace of the bench's own (`netns`), away from the host's firewall. See
+//! bench/README.md.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -52,6 +54,14 @@ struct Args {
     /// bench/results/tmp/proxy-load-quick.json, git-ignored so CI runs leave the tree clean].
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Measure on the host's network namespace instead of a private one of the bench's own.
+    /// On the host's loopback every packet also passes the host's firewall (here Docker's
+    /// iptables chains and connection tracking), which taxes every target and the load
+    /// generator alike; by default the targets, upstream and load generators run in a fresh
+    /// namespace with only a loopback (needs root; without it the bench says so and uses the
+    /// host's).
+    #[arg(long)]
+    host_network: bool,
     /// Internal: run as the upstream server with this many listeners.
     #[arg(long, hide = true)]
     serve_upstream: Option<usize>,
@@ -119,6 +129,8 @@ fn run(args: &Args) -> Result<bool> {
         json!(install::version_line(&h2load, &["--version"])),
     );
 
+    // After the installs and builds above, which may need the network.
+    let network = network(args.host_network);
     let tmp = TempDir::new("weft-proxy-load")?;
     let mut samples = Vec::new();
     let mut failures = Vec::new();
@@ -157,6 +169,12 @@ fn run(args: &Args) -> Result<bool> {
     let checks = report::checks(&summary);
     println!("\n{}", summary.table());
     println!("{}", report::checks_table(&checks));
+    let ratios = report::ratios(&summary);
+    if let Some(ceiling) = ratios["direct_rps_over_envoy_rps"].as_f64() {
+        println!(
+            "ceiling: the load core alone (direct) does {ceiling:.2}x Envoy's rps; no proxy can measure above that ratio here"
+        );
+    }
     if !missing.is_empty() || !failures.is_empty() {
         println!(
             "missing: {:?}; failed runs: {}",
@@ -168,10 +186,10 @@ fn run(args: &Args) -> Result<bool> {
     let doc = json!({
         "bench": "proxy-load",
         "machine": workspace::machine(),
-        "settings": settings(&plan, args.quick, weft_build),
+        "settings": settings(&plan, args.quick, weft_build, &network),
         "versions": versions,
         "summary": summary.to_json(),
-        "ratios": report::ratios(&summary),
+        "ratios": ratios,
         "targets": report::checks_json(&checks),
         "missing": missing,
         "failures": failures,
@@ -415,8 +433,23 @@ fn rotated<T>(items: &[T], repeat: usize) -> impl Iterator<Item = &T> {
     items[k..].iter().chain(&items[..k])
 }
 
-fn settings(plan: &Plan, quick: bool, weft_build: WeftBuild) -> Value {
+/// Enters a private network namespace unless told not to; says which network was used.
+fn network(host_network: bool) -> String {
+    if host_network {
+        return "host: the host's network namespace (--host-network)".into();
+    }
+    match weft_bench::netns::enter_private() {
+        Ok(()) => "private: a network namespace of the bench's own, loopback only".into(),
+        Err(e) => {
+            eprintln!("proxy-load: measuring on the host's loopback instead: {e:#}");
+            format!("host: a private namespace was refused ({e:#})")
+        }
+    }
+}
+
+fn settings(plan: &Plan, quick: bool, weft_build: WeftBuild, network: &str) -> Value {
     json!({
+        "network": network,
         "quick": quick,
         "repeats": plan.repeats,
         "duration_s": plan.duration.as_secs(),
