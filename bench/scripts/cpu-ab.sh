@@ -9,7 +9,13 @@
 #
 # BINARY is a weft-proxy binary, the hyper floor (target/release/examples/min-proxy), or the
 # word `nginx` or `haproxy` for the proxy-load bench's nginx or HAProxy as a yardstick. Needs h2load (nghttp2-client), taskset, and target/release/proxy-load built.
+#
+# Like proxy-load, it runs in a network namespace of its own (loopback only, away from the host's
+# firewall) when it can create one (root); HOST_NETWORK=1 measures on the host's loopback.
 set -euo pipefail
+if [ -z "${CPU_AB_NETNS:-}" ] && [ "${HOST_NETWORK:-0}" != 1 ] && unshare -n true 2>/dev/null; then
+  exec env CPU_AB_NETNS=1 unshare -n sh -c 'ip link set lo up && exec "$0" "$@"' "$0" "$@"
+fi
 cd "$(dirname "$0")/../.."
 rounds=3 requests=100000 conns=10
 while getopts "r:n:c:" o; do case $o in r) rounds=$OPTARG ;; n) requests=$OPTARG ;; c) conns=$OPTARG ;; *) exit 2 ;; esac; done
