@@ -423,4 +423,18 @@ mod tests {
         assert_eq!(ratios(&s)["weft_rps_over_nginx_rps"], json!(1.5));
         assert_eq!(s.to_json()["envoy"]["rps"], Value::Null);
     }
+
+    /// The ceiling is direct's rate over Envoy's: what a proxy costing nothing would show.
+    #[test]
+    fn the_ceiling_is_direct_over_envoy() {
+        let s = Summary::new(&[
+            sample(Target::Direct, 0, 60000.0, 0.1),
+            sample(Target::Envoy, 0, 24000.0, 0.6),
+            sample(Target::Weft, 0, 54000.0, 0.3),
+        ]);
+        let r = ratios(&s);
+        assert_eq!(r["direct_rps_over_envoy_rps"], json!(2.5));
+        assert_eq!(r["weft_rps_over_envoy_rps"], json!(2.25));
+        assert_eq!(checks(&s)[0].pass(), Some(false), "2.25x < 3x");
+    }
 }
