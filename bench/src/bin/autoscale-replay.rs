@@ -77,7 +77,7 @@ struct Args {
     #[arg(long)]
     hybrid_reactive_util: Option<f64>,
     /// Safety margin of the predictive policy, in standard deviations of the forecast error.
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, default_value_t = 1.75)]
     z: f64,
     /// The forecast must stay low this much longer than the lead time before a scale-in, s.
     #[arg(long, default_value_t = 300.0)]
@@ -293,13 +293,14 @@ fn run(args: &Args) -> Result<bool> {
     );
     let fit_ms = fit_started.elapsed().as_secs_f64() * 1e3;
     println!(
-        "{}: {} bins of {} s; fit on {fit_days} days (α={}, β={}, γ={}, {fit_ms:.0} ms), evaluate {:.1} days",
+        "{}: {} bins of {} s; fit on {fit_days} days (α={}, β={}, γ={}, season window ±{}, {fit_ms:.0} ms), evaluate {:.1} days",
         week.name,
         week.counts.len(),
         week.bin_s,
         params.alpha,
         params.beta,
         params.gamma,
+        params.season_window,
         (week.duration_s() - eval_from_s) / DAY_S
     );
 
@@ -477,6 +478,7 @@ fn run(args: &Args) -> Result<bool> {
                   "fit_days": fit_days, "evaluated_days": (week.duration_s() - eval_from_s) / DAY_S},
         "config": config(args, &main),
         "holt_winters": {"alpha": params.alpha, "beta": params.beta, "gamma": params.gamma,
+                          "season_window": params.season_window,
                           "bucket_s": BUCKET_S, "horizon_buckets": h, "fit_ms": fit_ms},
         "summary": Value::Object(summary),
         "smape_persistence": hybrid.smape_persistence,

@@ -6,7 +6,9 @@
 //! exactly that with three constants and O(season) state, updates in O(1) per observation, and
 //! its forecast a few minutes ahead is what a scale-out needs. Until one whole season has been
 //! seen there is no seasonal profile to use, so the model is plain exponential smoothing (level
-//! only) and switches over, initialising the profile from that first season.
+//! only) and switches over, initialising the profile from that first season. The seasonal
+//! offset can be read as the mean over neighbouring slots (`HwParams::season_window`), which
+//! takes the past days' minute-to-minute noise out of the profile.
 
 /// Smoothing constants (each in 0..=1).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -17,6 +19,14 @@ pub struct HwParams {
     pub beta: f64,
     /// Seasonal profile.
     pub gamma: f64,
+    /// Half-width, in steps, of the window the seasonal offset is read over: a forecast for slot
+    /// `s` uses the mean offset of slots `s - w ..= s + w` (0: the slot alone, classic
+    /// Holt-Winters). Why: each slot's offset is learnt from that one minute of past days, so it
+    /// carries their noise; demand's daily shape moves over tens of minutes, so neighbouring
+    /// slots are near-independent samples of the same offset and averaging them removes most of
+    /// the noise (on the Azure coding week, ±5 to ±10 one-minute slots cut the 3-minute-ahead
+    /// sMAPE from 10.0 % to 8.6–8.8 %).
+    pub season_window: usize,
 }
 
 impl Default for HwParams {
@@ -25,6 +35,7 @@ impl Default for HwParams {
             alpha: 0.3,
             beta: 0.01,
             gamma: 0.2,
+            season_window: 0,
         }
     }
 }
@@ -68,7 +79,9 @@ impl HoltWinters {
 
     /// Feeds the observation for the next step.
     pub fn observe(&mut self, x: f64) {
-        let HwParams { alpha, beta, gamma } = self.params;
+        let HwParams {
+            alpha, beta, gamma, ..
+        } = self.params;
         let m = self.season_len;
         if self.seasonal() {
             let slot = self.n % m;
@@ -104,7 +117,21 @@ impl HoltWinters {
             return self.level;
         }
         let slot = (self.n - 1 + h) % self.season_len;
-        self.level + h as f64 * self.trend + self.season[slot]
+        self.level + h as f64 * self.trend + self.season_at(slot)
+    }
+
+    /// The seasonal offset of `slot`, averaged over `params.season_window` slots each side
+    /// (wrapping around the season; the window never spans more than one season).
+    fn season_at(&self, slot: usize) -> f64 {
+        let m = self.season_len;
+        let w = self.params.season_window.min((m - 1) / 2);
+        if w == 0 {
+            return self.season[slot];
+        }
+        let sum: f64 = (0..=2 * w)
+            .map(|j| self.season[(slot + m + j - w) % m])
+            .sum();
+        sum / (2 * w + 1) as f64
     }
 
     /// Replays `series` and returns the mean squared error of the `h`-step forecasts made after
@@ -133,10 +160,17 @@ impl HoltWinters {
         for &alpha in &grid.alpha {
             for &beta in &grid.beta {
                 for &gamma in &grid.gamma {
-                    let p = HwParams { alpha, beta, gamma };
-                    let mse = Self::h_step_mse(p, season_len, series, h);
-                    if mse < best.0 {
-                        best = (mse, p);
+                    for &season_window in &grid.season_window {
+                        let p = HwParams {
+                            alpha,
+                            beta,
+                            gamma,
+                            season_window,
+                        };
+                        let mse = Self::h_step_mse(p, season_len, series, h);
+                        if mse < best.0 {
+                            best = (mse, p);
+                        }
                     }
                 }
             }
@@ -151,6 +185,8 @@ pub struct FitGrid {
     pub alpha: Vec<f64>,
     pub beta: Vec<f64>,
     pub gamma: Vec<f64>,
+    /// Seasonal read windows (half-widths in steps).
+    pub season_window: Vec<usize>,
 }
 
 impl Default for FitGrid {
@@ -159,6 +195,7 @@ impl Default for FitGrid {
             alpha: vec![0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9],
             beta: vec![0.0, 0.005, 0.02, 0.1],
             gamma: vec![0.05, 0.1, 0.2, 0.3, 0.5, 0.7],
+            season_window: vec![0, 2, 5, 10],
         }
     }
 }
@@ -194,6 +231,7 @@ mod tests {
             alpha: 0.2,
             beta: 0.02,
             gamma: 0.2,
+            season_window: 0,
         };
         let mut hw = HoltWinters::new(params, m);
         // The first season's profile carries that season's slice of the trend; the errors
@@ -230,6 +268,7 @@ mod tests {
                 alpha: 0.5,
                 beta: 0.0,
                 gamma: 0.1,
+                season_window: 0,
             },
             10,
         );
@@ -249,6 +288,7 @@ mod tests {
                 alpha: 0.0,
                 beta: 0.0,
                 gamma: 0.0,
+                season_window: 0,
             },
             4,
         );
@@ -275,8 +315,73 @@ mod tests {
             alpha: vec![0.01, 0.5],
             beta: vec![0.0],
             gamma: vec![0.1],
+            season_window: vec![0],
         };
         assert_eq!(HoltWinters::fit(&series, m, 1, &grid).alpha, 0.5);
+    }
+
+    /// A smooth daily shape plus noise that differs in every slot of every day: reading the
+    /// offset over neighbouring slots forecasts better than the slot alone, and the fit finds
+    /// that; on a season with no noise, the slot alone stays the better read.
+    #[test]
+    fn a_season_window_averages_out_slot_noise() {
+        let m = 96;
+        // Deterministic pseudo-noise (xorshift), uniform in ±8, independent across slots.
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut noise = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % 1601) as f64 / 100.0 - 8.0
+        };
+        let noisy: Vec<f64> = (0..30 * m)
+            .map(|t| sine_trend(t, m) - 0.05 * t as f64 + noise())
+            .collect();
+        let params = |season_window| HwParams {
+            alpha: 0.1,
+            beta: 0.0,
+            gamma: 0.3,
+            season_window,
+        };
+        let plain = HoltWinters::h_step_mse(params(0), m, &noisy, 3);
+        let windowed = HoltWinters::h_step_mse(params(3), m, &noisy, 3);
+        assert!(
+            windowed < 0.9 * plain,
+            "windowed {windowed} vs plain {plain}"
+        );
+        let grid = FitGrid {
+            alpha: vec![0.1],
+            beta: vec![0.0],
+            gamma: vec![0.3],
+            season_window: vec![0, 3],
+        };
+        assert_eq!(HoltWinters::fit(&noisy, m, 3, &grid).season_window, 3);
+
+        // A square wave has sharp edges a window would blur: no noise, so the slot alone wins.
+        let square: Vec<f64> = (0..30 * m)
+            .map(|t| if t % m < m / 2 { 60.0 } else { 20.0 })
+            .collect();
+        assert_eq!(HoltWinters::fit(&square, m, 3, &grid).season_window, 0);
+    }
+
+    #[test]
+    fn the_window_wraps_around_the_season() {
+        let mut hw = HoltWinters::new(
+            HwParams {
+                alpha: 0.0,
+                beta: 0.0,
+                gamma: 0.0,
+                season_window: 1,
+            },
+            4,
+        );
+        for x in [1.0, 3.0, 5.0, 3.0] {
+            hw.observe(x);
+        }
+        // Offsets -2, 0, 2, 0 around 3: slot 0 reads (0 + -2 + 0) / 3 (slots 3, 0, 1).
+        assert!((hw.forecast(1) - (3.0 - 2.0 / 3.0)).abs() < 1e-12);
+        // Slot 2 reads (0 + 2 + 0) / 3.
+        assert!((hw.forecast(3) - (3.0 + 2.0 / 3.0)).abs() < 1e-12);
     }
 
     #[test]

@@ -50,10 +50,15 @@ impl Default for PredictiveConfig {
         Self {
             bucket_s: 60.0,
             season_s: 86_400.0,
-            params: HwParams::default(),
+            // ±5 one-minute slots: the daily shape moves over tens of minutes, and one minute
+            // of past days is noisy (forecast.rs).
+            params: HwParams {
+                season_window: 5,
+                ..HwParams::default()
+            },
             // Tuned on the Azure coding week (bench/README.md, autoscale-replay).
             target_utilization: 0.95,
-            z: 1.5,
+            z: 1.75,
             decision_interval_s: 10.0,
             undershoot_tolerance: 0.1,
             scale_in_hold_s: 300.0,
@@ -263,6 +268,7 @@ mod tests {
                 alpha: 0.0,
                 beta: 0.0,
                 gamma: 0.0,
+                season_window: 0,
             },
             scale_in_hold_s: 0.0,
             ..PredictiveConfig::default()
