@@ -17,7 +17,8 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::net::{Ipv4Addr, UdpSocket};
+use std::os::fd::AsRawFd;
 
 use anyhow::{Context, Result};
 
@@ -34,13 +35,8 @@ pub fn enter_private() -> Result<()> {
 
 /// `ip link set lo up`, without depending on iproute2: SIOCGIFFLAGS, set IFF_UP, SIOCSIFFLAGS.
 fn loopback_up() -> io::Result<()> {
-    // SAFETY: socket returns a new descriptor or -1; OwnedFd closes it.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor owned by nothing else.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Any AF_INET socket takes the interface ioctls; an unconnected UDP one needs no interface up.
+    let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, &src) in req.ifr_name.iter_mut().zip(b"lo\0") {

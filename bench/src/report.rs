@@ -170,13 +170,16 @@ impl Summary {
     }
 }
 
+/// The key in [`ratios`] of the ceiling: direct's throughput over Envoy's.
+pub const CEILING: &str = "direct_rps_over_envoy_rps";
+
 /// A ratio of two medians, `(name, numerator target, denominator target, metric key)`.
 const RATIOS: &[(&str, Target, Target, &str)] = &[
     // The ceiling of every proxy-over-Envoy throughput ratio this rig can show: a proxy that
     // cost nothing would still leave the load core (load generator + upstream) to do the work
     // of `direct`, so no proxy can measure above direct's rps.
     (
-        "direct_rps_over_envoy_rps",
+        CEILING,
         Target::Direct,
         Target::Envoy,
         "rps",
@@ -433,7 +436,7 @@ mod tests {
             sample(Target::Weft, 0, 54000.0, 0.3),
         ]);
         let r = ratios(&s);
-        assert_eq!(r["direct_rps_over_envoy_rps"], json!(2.5));
+        assert_eq!(r[CEILING], json!(2.5));
         assert_eq!(r["weft_rps_over_envoy_rps"], json!(2.25));
         assert_eq!(checks(&s)[0].pass(), Some(false), "2.25x < 3x");
     }

@@ -170,7 +170,7 @@ fn run(args: &Args) -> Result<bool> {
     println!("\n{}", summary.table());
     println!("{}", report::checks_table(&checks));
     let ratios = report::ratios(&summary);
-    if let Some(ceiling) = ratios["direct_rps_over_envoy_rps"].as_f64() {
+    if let Some(ceiling) = ratios[report::CEILING].as_f64() {
         println!(
             "ceiling: the load core alone (direct) does {ceiling:.2}x Envoy's rps; no proxy can measure above that ratio here"
         );
