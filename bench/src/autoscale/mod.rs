@@ -4,5 +4,6 @@
 //! are here.
 
 pub mod oracle;
+pub mod repeats;
 pub mod sim;
 pub mod trace;

@@ -16,6 +16,7 @@ use clap::Parser;
 use serde_json::{Map, Value, json};
 
 use weft_bench::autoscale::oracle::{self, Clairvoyant, Foresight};
+use weft_bench::autoscale::repeats::{self, Repeats};
 use weft_bench::autoscale::sim::{self, BudgetSetup, Outcome, SimConfig, SpotSetup};
 use weft_bench::autoscale::trace::{self, Trace};
 use weft_bench::sched::plot::{self, Panel, Series};
@@ -77,7 +78,7 @@ struct Args {
     #[arg(long)]
     hybrid_reactive_util: Option<f64>,
     /// Safety margin of the predictive policy, in standard deviations of the forecast error.
-    #[arg(long, default_value_t = 1.75)]
+    #[arg(long, default_value_t = 1.5)]
     z: f64,
     /// The forecast must stay low this much longer than the lead time before a scale-in, s.
     #[arg(long, default_value_t = 300.0)]
@@ -101,9 +102,14 @@ struct Args {
     /// Replicas the best-effort batch variant always wants (hybrid_spot).
     #[arg(long, default_value_t = 8)]
     batch_replicas: u32,
-    /// Seed of the preemption and base-residency draws.
+    /// First seed of the preemption and base-residency draws (and of the clairvoyant
+    /// controls' forecast errors).
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Replays per policy, with seeds `seed`, `seed + 1`, ...; the summary holds the medians
+    /// and their ranges [default: 9; quick: 3].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    seeds: Option<u64>,
     /// Where to write the JSON [default: bench/results/autoscale-replay.json; quick:
     /// bench/results/tmp/autoscale-replay-quick.json]; the SVG goes beside it.
     #[arg(long)]
@@ -183,13 +189,26 @@ impl Scenario<'_> {
         }
     }
 
-    fn replay(&self, trace: &Trace, name: &str) -> Outcome {
-        let mut cfg = self.sim.clone();
-        if name != "hybrid_spot" {
-            cfg.spot = None;
-        }
-        sim::replay(trace, &cfg, self.policy(name).as_mut())
+    /// `name` replayed once per seed.
+    fn replay(&self, trace: &Trace, name: &str) -> Repeats {
+        let runs = seeds(self.args)
+            .map(|seed| {
+                let mut cfg = self.sim.clone();
+                cfg.seed = seed;
+                if name != "hybrid_spot" {
+                    cfg.spot = None;
+                }
+                sim::replay(trace, &cfg, self.policy(name).as_mut())
+            })
+            .collect();
+        Repeats { runs }
     }
+}
+
+/// The seeds every policy is replayed under.
+fn seeds(args: &Args) -> std::ops::Range<u64> {
+    let n = args.seeds.unwrap_or(if args.quick { 3 } else { 9 });
+    args.seed..args.seed.saturating_add(n)
 }
 
 fn sim_config(args: &Args, trace: &Trace, capacity_rps: f64, eval_from_s: f64) -> SimConfig {
@@ -248,6 +267,22 @@ fn buckets(trace: &Trace, days: f64) -> Vec<f64> {
     trace
         .head((days * DAY_S / trace.bin_s) as usize)
         .bucket_means(BUCKET_S)
+}
+
+/// The medians (as `metrics`) with each one's range over the seeds.
+fn summarised(r: &Repeats) -> (Outcome, Value) {
+    let m = r.median();
+    let mut v = metrics(&m);
+    let ranges: Map<String, Value> = repeats::METRICS
+        .iter()
+        .filter_map(|(name, f)| {
+            r.spread(*f)
+                .map(|s| ((*name).into(), json!([s.min, s.max])))
+        })
+        .collect();
+    v["range"] = Value::Object(ranges);
+    v["seeds"] = json!(r.runs.len());
+    (m, v)
 }
 
 fn metrics(o: &Outcome) -> Value {
@@ -313,7 +348,7 @@ fn run(args: &Args) -> Result<bool> {
     let mut outcomes = Vec::new();
     let mut summary = Map::new();
     println!(
-        "{:<28} {:>8} {:>9} {:>9} {:>7} {:>7} {:>10} {:>7}",
+        "{:<28} {:>8} {:>9} {:>9} {:>7} {:>7} {:>10} {:>7}   SLO % range",
         "policy", "SLO %", "GPU-h", "cost $", "events", "starts", "boot s", "sMAPE"
     );
     let names: Vec<&str> = POLICIES
@@ -321,10 +356,17 @@ fn run(args: &Args) -> Result<bool> {
         .copied()
         .chain(["reactive_at_predictive_util"])
         .collect();
+    let mut runs = Vec::new();
     for name in &names {
-        let o = main.replay(&week, name);
+        let r = main.replay(&week, name);
+        let (o, v) = summarised(&r);
+        let range = r
+            .spread(|o| Some(o.slo_attainment))
+            .map_or("-".into(), |s| {
+                format!("{:.3}-{:.3}", 100.0 * s.min, 100.0 * s.max)
+            });
         println!(
-            "{:<28} {:>8.3} {:>9.1} {:>9.0} {:>7} {:>7} {:>10.0} {:>7}",
+            "{:<28} {:>8.3} {:>9.1} {:>9.0} {:>7} {:>7} {:>10.0} {:>7}   {range}",
             name,
             100.0 * o.slo_attainment,
             o.gpu_hours,
@@ -332,11 +374,22 @@ fn run(args: &Args) -> Result<bool> {
             o.scale_events,
             o.cold_starts,
             o.cold_start_delay_s,
-            o.smape.map_or("-".into(), |s| format!("{s:.1}"))
+            o.smape.map_or("-".into(), |s| format!("{s:.1}")),
         );
-        summary.insert((*name).into(), metrics(&o));
+        summary.insert((*name).into(), v);
         outcomes.push((*name, o));
+        runs.push((*name, r));
     }
+    let wins = {
+        let get = |n: &str| &runs.iter().find(|(m, _)| *m == n).unwrap().1;
+        get("hybrid").paired_wins(get("reactive"), |o| o.slo_attainment)
+    };
+    println!(
+        "medians over {} seeds ({}..); SLO range in the last column; hybrid >= reactive's attainment in {wins} of {} seeds (same seed)",
+        runs[0].1.runs.len(),
+        args.seed,
+        runs[0].1.runs.len()
+    );
     let get = |n: &str| &outcomes.iter().find(|(m, _)| *m == n).unwrap().1;
     let (reactive, predictive, hybrid, spot) = (
         get("reactive"),
@@ -440,7 +493,7 @@ fn run(args: &Args) -> Result<bool> {
         );
         let mut runs = Vec::new();
         for name in POLICIES {
-            let o = s.replay(&t, name);
+            let (o, v) = summarised(&s.replay(&t, name));
             println!(
                 "  {:<12} SLO {:>7.3}%  GPU-h {:>6.2}  events {:>4}  starts {:>4}  boot {:>6.0} s",
                 name,
@@ -450,7 +503,7 @@ fn run(args: &Args) -> Result<bool> {
                 o.cold_starts,
                 o.cold_start_delay_s
             );
-            per.insert(name.into(), metrics(&o));
+            per.insert(name.into(), v);
             runs.push((name, o));
         }
         per.insert("capacity_rps".into(), json!(cap));
@@ -488,6 +541,7 @@ fn run(args: &Args) -> Result<bool> {
                     "batch_granted_replica_hours": budget.granted_replica_hours,
                     "limited_decisions": budget.limited_decisions},
         "claim_50pct": claim,
+        "paired": {"hybrid_attainment_at_least_reactive_seeds": wins, "seeds": seeds(args).count()},
         "targets": checks,
         "clairvoyant": controls,
         "bursts": Value::Object(bursts),
@@ -524,11 +578,20 @@ fn clairvoyant_controls(s: &Scenario, week: &Trace, reactive: &Outcome, quick: b
     } else {
         &[0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
     };
-    let run = |foresight: Foresight, util: f64| {
-        let mut policy = Clairvoyant::new(week, foresight, s.variant.clone(), s.sim.lead_s, util);
-        let mut cfg = s.sim.clone();
-        cfg.spot = None;
-        sim::replay(week, &cfg, &mut policy)
+    // Each seed draws both the fleet's base residency and the forecast errors; the point is the
+    // medians over the seeds, as for the policies.
+    let run = |foresight: &dyn Fn(u64) -> Foresight, util: f64| {
+        let runs = seeds(s.args)
+            .map(|seed| {
+                let mut policy =
+                    Clairvoyant::new(week, foresight(seed), s.variant.clone(), s.sim.lead_s, util);
+                let mut cfg = s.sim.clone();
+                cfg.spot = None;
+                cfg.seed = seed;
+                sim::replay(week, &cfg, &mut policy)
+            })
+            .collect();
+        Repeats { runs }.median()
     };
     let point = |knobs: Value, o: &Outcome| {
         json!({"knobs": knobs, "slo_attainment": o.slo_attainment, "gpu_hours": o.gpu_hours,
@@ -557,18 +620,20 @@ fn clairvoyant_controls(s: &Scenario, week: &Trace, reactive: &Outcome, quick: b
     };
     let mut minutes = Vec::new();
     for &error in errors {
-        let foresight = |z| Foresight::Minutes {
-            bucket_s: BUCKET_S,
-            z,
-            error,
-            seed: s.args.seed,
+        let foresight = |z| {
+            move |seed| Foresight::Minutes {
+                bucket_s: BUCKET_S,
+                z,
+                error,
+                seed,
+            }
         };
-        // The same seed draws the same forecast means for every z and utilization.
-        let smape = oracle::planned_rates(week, foresight(0.0)).1;
+        // A seed draws the same forecast means for every z and utilization.
+        let smape = oracle::planned_rates(week, foresight(0.0)(s.args.seed)).1;
         let mut points = Vec::new();
         for &util in utils {
             for &z in zs {
-                let o = run(foresight(z), util);
+                let o = run(&foresight(z), util);
                 points.push(point(json!({"utilization": util, "z": z}), &o));
             }
         }
@@ -579,7 +644,12 @@ fn clairvoyant_controls(s: &Scenario, week: &Trace, reactive: &Outcome, quick: b
     }
     let bins: Vec<Value> = utils
         .iter()
-        .map(|&util| point(json!({"utilization": util}), &run(Foresight::Bins, util)))
+        .map(|&util| {
+            point(
+                json!({"utilization": util}),
+                &run(&|_| Foresight::Bins, util),
+            )
+        })
         .collect();
     let floor = oracle::free_boot_floor(
         week,
@@ -622,7 +692,11 @@ fn clairvoyant_controls(s: &Scenario, week: &Trace, reactive: &Outcome, quick: b
         show(name, level);
     }
     show("bins".into(), &doc["bin_foresight"]);
-    println!("  {:<30} {:.3}x (every bin in SLO)", "free boots, bins", floor / reactive.gpu_hours);
+    println!(
+        "  {:<30} {:.3}x (every bin in SLO)",
+        "free boots, bins",
+        floor / reactive.gpu_hours
+    );
     println!(
         "  sMAPE of each minute vs the mean of its {NEIGHBOURS} neighbours each side (a two-sided smoother): {:.1}%",
         noise.unwrap_or(f64::NAN)
@@ -649,7 +723,8 @@ fn config(args: &Args, s: &Scenario) -> Value {
         "pool_policy": {"max_risk": PoolPolicy::default().max_risk, "on_demand_buffer": PoolPolicy::default().on_demand_buffer,
                         "horizon_s": PoolPolicy::default().horizon_s},
         "budget_month": args.budget_month, "batch_replicas": args.batch_replicas,
-        "initial_replicas": s.sim.initial_replicas, "min_replicas": s.variant.min_replicas, "seed": args.seed,
+        "initial_replicas": s.sim.initial_replicas, "min_replicas": s.variant.min_replicas,
+        "seeds": seeds(args).collect::<Vec<_>>(),
     })
 }
 
