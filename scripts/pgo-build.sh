@@ -27,11 +27,21 @@
 # exercised too.
 #
 # Needs llvm-profdata of the LLVM that rustc was built with (`rustc -vV`; Debian's `llvm-N`
-# package, installed here when missing and running as root), h2load (nghttp2-client), and the
+# package), h2load (nghttp2-client) — both installed here when missing and running as root — and the
 # release build of weft-model-sim (built here when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# Debian package PKG, installed as the benches install their peers (bench/src/install.rs): as root
+# with apt-get, updating the package lists once if a fresh machine has none. Fails when it can't.
+apt_install() { # PKG
+  [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null || return 1
+  echo "pgo-build: installing $1 (apt-get)" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$1" > /dev/null 2>&1 ||
+    { DEBIAN_FRONTEND=noninteractive apt-get update -q > /dev/null 2>&1 &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$1" > /dev/null; }
+}
+command -v h2load > /dev/null || apt_install nghttp2-client || true
 command -v h2load > /dev/null || { echo "pgo-build: needs h2load (apt-get install nghttp2-client)" >&2; exit 2; }
 # The workspace-wide build, as every bench builds it, so the model server does not make cargo
 # compile the shared dependencies a second time with other features.
@@ -104,9 +114,8 @@ for c in "llvm-profdata-$llvm" llvm-profdata; do
   if command -v "$c" > /dev/null && "$c" --version 2>/dev/null | grep -q "LLVM version $llvm\."; then profdata=$c; break; fi
 done
 if [ -z "$profdata" ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-    echo "installing llvm-$llvm for llvm-profdata-$llvm (rustc uses LLVM $llvm)" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y "llvm-$llvm" > /dev/null
+  echo "pgo-build: rustc uses LLVM $llvm; llvm-profdata-$llvm comes with llvm-$llvm" >&2
+  if apt_install "llvm-$llvm"; then
     profdata=llvm-profdata-$llvm
   else
     echo "pgo-build: needs llvm-profdata for LLVM $llvm (rustc -vV); e.g. apt-get install llvm-$llvm" >&2
