@@ -85,9 +85,11 @@ fn demo_quick_run_prints_the_report_and_writes_the_html() {
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    for needle in ["== A/B report: experiment ranker-ab", "sample ratio (expected 50/50)", "latency:", "error rate:", "verdict:"] {
+    for needle in ["== A/B report: experiment ranker-ab", "sample ratio (expected 50/50): users a ", "latency:", "error rate:", "verdict:"] {
         assert!(stdout.contains(needle), "{needle:?} missing from:\n{stdout}");
     }
+    // The split is sticky by x-user-id through the real sidecars: no user reached both variants.
+    assert!(stdout.contains("users saw one variant only"), "{stdout}");
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("<svg") && page.matches("<polyline").count() == 2, "{page}");
     assert_eq!(leftovers(base), Vec::<String>::new());

@@ -1,7 +1,7 @@
 //! The A/B report as one self-contained HTML page: the numbers of the terminal report and an
 //! inline SVG chart of each variant's latency distribution (CDF). No scripts, no external files.
 
-use super::report::{Report, fmt_p, pct_confidence, quantile};
+use super::report::{Report, fmt_p, pct_confidence, quantile, split_text, stickiness_text};
 
 const COLORS: [&str; 2] = ["#1f77b4", "#d62728"];
 
@@ -132,7 +132,8 @@ Latency is that of successful requests as the client saw them through both sidec
 {chart}
 <h2>Checks and comparisons</h2>
 <ul>
-<li>Sample ratio (expected 50/50): chi² = {chi2:.2}, p = {srm_p:.3} — {srm}</li>
+<li>Sample ratio (expected 50/50): {split}; chi² = {chi2:.2}, p = {srm_p:.3} — {srm}</li>
+<li>Stickiness: {sticky}</li>
 <li>Latency: P({a} faster than {b}) = {prob:.3}; Mann-Whitney z = {lz:.2}, p: {lp}; {lat_better} faster with confidence {lconf}</li>
 <li>Error rate: {a} {ra:.2}% vs {b} {rb:.2}%; two-proportion z = {ez:.2}, p: {ep}; {err_better} lower with confidence {econf}</li>
 </ul>
@@ -145,6 +146,8 @@ Latency is that of successful requests as the client saw them through both sidec
         excluded = r.excluded,
         warmup = r.warmup_s,
         chart = latency_chart(r),
+        split = esc(&split_text(r)),
+        sticky = esc(&stickiness_text(r)),
         chi2 = r.srm.chi2,
         srm_p = r.srm.p,
         srm = if r.srm.ok { "ok".to_string() } else { r#"<span class="bad">MISMATCH: the split is broken</span>"#.to_string() },
@@ -177,7 +180,7 @@ mod tests {
 
     #[test]
     fn the_page_has_the_numbers_and_a_chart_per_variant() {
-        let s = |ms: f64| (0..500).map(|i| Sample { at_s: 1.0, latency_ms: ms + (i % 7) as f64, ok: i % 50 != 0 }).collect::<Vec<_>>();
+        let s = |ms: f64| (0..500).map(|i| Sample { at_s: 1.0, unit: (ms as u64) << 20 | i, latency_ms: ms + (i % 7) as f64, ok: i % 50 != 0 }).collect::<Vec<_>>();
         let r = analyze("ranker-ab", ["a", "b<x>"], &s(20.0), &s(26.0), 0.0);
         let page = render(&r, "two variants");
         assert!(page.starts_with("<!doctype html>"));

@@ -1,6 +1,6 @@
 //! The A/B report's statistics, pure: percentiles with distribution-free confidence intervals,
 //! Wilson intervals for error rates, a sample-ratio-mismatch (SRM) chi-square test against the
-//! configured 50/50 split, and the comparison of the two variants (Mann-Whitney U on latency,
+//! configured 50/50 split, a stickiness check, and the comparison of the two variants (Mann-Whitney U on latency,
 //! a two-proportion z-test on errors) that says which one is better and with what confidence.
 //!
 //! "Confidence" is 1 − the one-sided p-value in the observed direction: how sure the data makes
@@ -11,9 +11,13 @@
 pub struct Sample {
     /// Seconds since traffic started (warm-up is judged by it).
     pub at_s: f64,
+    /// The assignment unit the request was sent for (the demo's user id).
+    pub unit: u64,
     pub latency_ms: f64,
     pub ok: bool,
 }
+
+use std::collections::HashSet;
 
 pub use crate::experiments::stats::*;
 
@@ -31,6 +35,9 @@ pub struct Pct {
 pub struct Arm {
     pub name: String,
     pub requests: u64,
+    /// Distinct units (users) among its requests: what the split assigns, so what the SRM
+    /// test counts.
+    pub units: u64,
     pub errors: u64,
     pub error_ci: (f64, f64),
     /// p50, p95, p99 of successful requests' latency.
@@ -63,7 +70,12 @@ pub struct Report {
     pub warmup_s: f64,
     pub excluded: u64,
     pub arms: [Arm; 2],
+    /// Chi-square of the arms' unit counts against 50/50. Units, not requests: the split
+    /// assigns units, and one unit's requests are not independent draws (a heavy user moves
+    /// the request shares without anything being wrong with the split).
     pub srm: Srm,
+    /// Units seen in both arms: a sticky split has none.
+    pub units_in_both: u64,
     pub latency: MannWhitney,
     pub errors: Proportions,
     pub latency_lean: Lean,
@@ -84,9 +96,11 @@ fn arm(name: &str, samples: &[Sample]) -> Arm {
         let (lo, hi) = quantile_ci(sorted.len(), q, Z95);
         Pct { q, value: quantile(&sorted, q), lo: sorted[lo], hi: sorted[hi] }
     };
+    let units = samples.iter().map(|s| s.unit).collect::<HashSet<_>>().len() as u64;
     Arm {
         name: name.to_string(),
         requests,
+        units,
         errors,
         error_ci: wilson(errors, requests, Z95),
         latency: [pct(0.50), pct(0.95), pct(0.99)],
@@ -111,14 +125,28 @@ pub fn analyze(experiment: &str, names: [&str; 2], a: &[Sample], b: &[Sample], w
     let (ka, kb) = (keep(a), keep(b));
     let excluded = (a.len() + b.len() - ka.len() - kb.len()) as u64;
     let arms = [arm(names[0], &ka), arm(names[1], &kb)];
-    let srm = srm(arms[0].requests, arms[1].requests);
+    let srm = srm(arms[0].units, arms[1].units);
+    let in_a: HashSet<u64> = ka.iter().map(|s| s.unit).collect();
+    let units_in_both = kb.iter().map(|s| s.unit).collect::<HashSet<_>>().intersection(&in_a).count() as u64;
     let latency = mann_whitney(&arms[0].sorted_ms, &arms[1].sorted_ms);
     let errors = two_proportions(arms[0].errors, arms[0].requests, arms[1].errors, arms[1].requests);
     // The Mann-Whitney z is positive when a is slower; the proportions' z when b errs more.
     let lean = |a_better: bool, z: f64| Lean { better: if a_better { 0 } else { 1 }, confidence: normal_cdf(z.abs()) };
     let (latency_lean, errors_lean) = (lean(latency.z <= 0.0, latency.z), lean(errors.z >= 0.0, errors.z));
     let verdict = verdict(&arms, &srm, latency_lean, errors_lean);
-    Report { experiment: experiment.to_string(), warmup_s, excluded, arms, srm, latency, errors, latency_lean, errors_lean, verdict }
+    Report {
+        experiment: experiment.to_string(),
+        warmup_s,
+        excluded,
+        arms,
+        srm,
+        units_in_both,
+        latency,
+        errors,
+        latency_lean,
+        errors_lean,
+        verdict,
+    }
 }
 
 fn verdict(arms: &[Arm; 2], srm: &Srm, lat: Lean, err: Lean) -> String {
@@ -161,6 +189,37 @@ fn verdict(arms: &[Arm; 2], srm: &Srm, lat: Lean, err: Lean) -> String {
             "no clear winner: neither latency nor errors differ with {:.0}% confidence (run longer for more data)",
             100.0 * DECIDE_AT
         ),
+    }
+}
+
+/// "users a 4,102 (50.1%) / b 4,085 (49.9%) (requests a 50.2% / b 49.8%)": the units the SRM
+/// test counts, then the request shares for context.
+pub fn split_text(r: &Report) -> String {
+    let share = |n: [u64; 2], i: usize| {
+        let total = n[0] + n[1];
+        if total == 0 { 0.0 } else { 100.0 * n[i] as f64 / total as f64 }
+    };
+    let units = [r.arms[0].units, r.arms[1].units];
+    let requests = [r.arms[0].requests, r.arms[1].requests];
+    let (a, b) = (&r.arms[0].name, &r.arms[1].name);
+    format!(
+        "users {a} {} ({:.1}%) / {b} {} ({:.1}%) (requests {a} {:.1}% / {b} {:.1}%)",
+        fmt_n(units[0]),
+        share(units, 0),
+        fmt_n(units[1]),
+        share(units, 1),
+        share(requests, 0),
+        share(requests, 1)
+    )
+}
+
+/// Whether every user stayed on one variant, in words.
+pub fn stickiness_text(r: &Report) -> String {
+    let users = r.arms[0].units + r.arms[1].units - r.units_in_both;
+    if r.units_in_both == 0 {
+        format!("each of the {} users saw one variant only", fmt_n(users))
+    } else {
+        format!("{} of {} users saw both variants: the split is not sticky", fmt_n(r.units_in_both), fmt_n(users))
     }
 }
 
@@ -212,17 +271,14 @@ pub fn render_text(r: &Report) -> String {
         );
     }
     s += "(latency of successful requests, as seen by the client through the sidecars)\n\n";
-    let share = |i: usize| if total == 0 { 0.0 } else { 100.0 * r.arms[i].requests as f64 / total as f64 };
     s += &format!(
-        "sample ratio (expected 50/50): {} {:.1}% / {} {:.1}%, chi² = {:.2}, p = {:.3} → {}\n",
-        r.arms[0].name,
-        share(0),
-        r.arms[1].name,
-        share(1),
+        "sample ratio (expected 50/50): {}; chi² = {:.2}, p = {:.3} → {}\n",
+        split_text(r),
         r.srm.chi2,
         r.srm.p,
         if r.srm.ok { "ok" } else { "MISMATCH: the split is broken, do not trust the comparison" }
     );
+    s += &format!("stickiness: {}\n", stickiness_text(r));
     let (a, b) = (&r.arms[0].name, &r.arms[1].name);
     let lat_better = &r.arms[r.latency_lean.better].name;
     s += &format!(
@@ -249,14 +305,21 @@ pub fn render_text(r: &Report) -> String {
 mod tests {
     use super::*;
 
-    fn samples(n: usize, ms: f64, step: f64, err_every: usize, t0: f64) -> Vec<Sample> {
+    /// `n` requests, one per unit, the units numbered from `first_unit`.
+    fn samples_of(first_unit: u64, n: usize, ms: f64, step: f64, err_every: usize, t0: f64) -> Vec<Sample> {
         (0..n)
             .map(|i| Sample {
                 at_s: t0 + i as f64 * 0.01,
+                unit: first_unit + i as u64,
                 latency_ms: ms + step * (i % 10) as f64,
                 ok: err_every == 0 || i % err_every != 0,
             })
             .collect()
+    }
+
+    /// As `samples_of`, on units that no call with another `ms` uses (each arm its own users).
+    fn samples(n: usize, ms: f64, step: f64, err_every: usize, t0: f64) -> Vec<Sample> {
+        samples_of((ms * 1e6) as u64, n, ms, step, err_every, t0)
     }
 
     #[test]
@@ -264,7 +327,7 @@ mod tests {
         let mut a = samples(2000, 20.0, 1.0, 100, 0.0);
         let b = samples(2000, 24.0, 1.0, 25, 0.0);
         // Slow warm-up requests of a (before 2 s) are left out.
-        a.extend((0..100).map(|_| Sample { at_s: 0.5, latency_ms: 500.0, ok: true }));
+        a.extend((0..100).map(|_| Sample { at_s: 0.5, unit: 7, latency_ms: 500.0, ok: true }));
         let r = analyze("ab", ["a", "b"], &a, &b, 2.0);
         assert_eq!(r.excluded, 200 + 200 + 100);
         assert_eq!((r.arms[0].requests, r.arms[1].requests), (1800, 1800));
@@ -275,7 +338,11 @@ mod tests {
         assert_eq!(r.errors_lean.better, 0);
         assert!(r.verdict.starts_with("variant a is better: faster"), "{}", r.verdict);
         let text = render_text(&r);
-        assert!(text.contains("sample ratio (expected 50/50): a 50.0% / b 50.0%"), "{text}");
+        assert!(
+            text.contains("sample ratio (expected 50/50): users a 1,800 (50.0%) / b 1,800 (50.0%) (requests a 50.0% / b 50.0%)"),
+            "{text}"
+        );
+        assert!(text.contains("stickiness: each of the 3,600 users saw one variant only"), "{text}");
         assert!(text.contains("verdict: variant a is better"), "{text}");
     }
 
@@ -287,11 +354,37 @@ mod tests {
         // Identical arms.
         let r = analyze("ab", ["a", "b"], &samples(1000, 20.0, 1.0, 0, 0.0), &samples(1000, 20.0, 1.0, 0, 0.0), 0.0);
         assert!(r.verdict.starts_with("no clear winner"), "{}", r.verdict);
-        // 1000 vs 1400 requests: the split is broken.
+        // 1000 vs 1400 users: the split is broken.
         let r = analyze("ab", ["a", "b"], &samples(1000, 20.0, 1.0, 0, 0.0), &samples(1400, 30.0, 1.0, 0, 0.0), 0.0);
         assert!(!r.srm.ok && r.verdict.starts_with("no verdict: sample ratio mismatch"), "{}", r.verdict);
         let r = analyze("ab", ["a", "b"], &[], &samples(10, 20.0, 1.0, 0, 0.0), 0.0);
         assert!(r.verdict.starts_with("no verdict: a variant got no requests"));
+    }
+
+    #[test]
+    fn the_sample_ratio_counts_users_not_requests() {
+        // 1000 users each way; one of a's users sends 400 requests. By requests that is 1400 vs
+        // 1000 (chi² 67), but the split assigned users, and it assigned them evenly.
+        let mut a = samples_of(0, 1000, 20.0, 1.0, 0, 0.0);
+        a.extend((0..400).map(|i| Sample { at_s: i as f64 * 0.01, unit: 3, latency_ms: 20.0, ok: true }));
+        let b = samples_of(10_000, 1000, 20.0, 1.0, 0, 0.0);
+        let r = analyze("ab", ["a", "b"], &a, &b, 0.0);
+        assert_eq!((r.arms[0].units, r.arms[1].units), (1000, 1000));
+        assert_eq!((r.arms[0].requests, r.arms[1].requests), (1400, 1000));
+        assert!(r.srm.ok && r.srm.chi2 == 0.0, "{:?}", r.srm);
+        assert!(render_text(&r).contains("users a 1,000 (50.0%) / b 1,000 (50.0%) (requests a 58.3% / b 41.7%)"));
+        // 1000 users against 1200: broken, however the requests fall.
+        let r = analyze("ab", ["a", "b"], &a, &samples_of(10_000, 1200, 20.0, 1.0, 0, 0.0), 0.0);
+        assert!(!r.srm.ok, "{:?}", r.srm);
+    }
+
+    #[test]
+    fn users_seen_on_both_variants_are_counted() {
+        let a = samples_of(0, 100, 20.0, 1.0, 0, 0.0);
+        let b = samples_of(95, 100, 20.0, 1.0, 0, 0.0);
+        let r = analyze("ab", ["a", "b"], &a, &b, 0.0);
+        assert_eq!(r.units_in_both, 5);
+        assert_eq!(stickiness_text(&r), "5 of 195 users saw both variants: the split is not sticky");
     }
 
     #[test]

@@ -298,10 +298,10 @@ async fn client(
                 conn.insert(s)
             }
         };
-        let user = format!("user-{}", splitmix(&mut rng) % users);
+        let unit = splitmix(&mut rng) % users;
         let req = Request::post("/v2/models/ranker/infer")
             .header("host", "ranker")
-            .header("x-user-id", user)
+            .header("x-user-id", format!("user-{unit}"))
             .header("content-type", "application/json")
             .body(Full::new(body.clone()))
             .expect("valid request");
@@ -325,7 +325,7 @@ async fn client(
         if !ok {
             progress.errors[i].fetch_add(1, Ordering::Relaxed);
         }
-        out[i].push(Sample { at_s: t.duration_since(start).as_secs_f64(), latency_ms, ok });
+        out[i].push(Sample { at_s: t.duration_since(start).as_secs_f64(), unit, latency_ms, ok });
     }
     out
 }
