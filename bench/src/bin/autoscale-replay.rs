@@ -20,6 +20,7 @@ use weft_bench::autoscale::repeats::{self, Repeats};
 use weft_bench::autoscale::sim::{self, BudgetSetup, Outcome, SimConfig, SpotSetup};
 use weft_bench::autoscale::trace::{self, Trace};
 use weft_bench::sched::plot::{self, Panel, Series};
+use weft_bench::stats::Spread;
 use weft_bench::workspace::{machine, results_path, write_json};
 use weft_control::autoscaler::cost::{Budget, Pool, PoolPolicy};
 use weft_control::autoscaler::forecast::{FitGrid, HoltWinters, HwParams};
@@ -398,10 +399,16 @@ fn run(args: &Args) -> Result<bool> {
         get("hybrid_spot"),
     );
     let budget = spot.batch.clone().unwrap_or_default();
+    // Both variants' spend, seed by seed, then the median (a sum of medians is not a median).
+    let spent = runs
+        .iter()
+        .find(|(n, _)| *n == "hybrid_spot")
+        .and_then(|(_, r)| r.spread(|o| o.batch.as_ref().map(|b| b.spent + o.cost)))
+        .map_or(f64::NAN, |s| s.median);
     println!(
         "budget (hybrid_spot + batch): cap ${:.0}, spent ${:.0}, max over cap ${:.2}, batch granted {:.0}/{:.0} replica-h",
         budget.cap,
-        budget.spent + spot.cost,
+        spent,
         budget.max_over_cap,
         budget.granted_replica_hours,
         budget.wanted_replica_hours
@@ -536,7 +543,7 @@ fn run(args: &Args) -> Result<bool> {
         "summary": Value::Object(summary),
         "smape_persistence": hybrid.smape_persistence,
         "vs_reactive": {"predictive": ratios(predictive), "hybrid": ratios(hybrid), "hybrid_spot": ratios(spot)},
-        "budget": {"cap": budget.cap, "spent": budget.spent + spot.cost, "batch_spent": budget.spent,
+        "budget": {"cap": budget.cap, "spent": spent, "batch_spent": budget.spent,
                     "max_over_cap": budget.max_over_cap, "batch_wanted_replica_hours": budget.wanted_replica_hours,
                     "batch_granted_replica_hours": budget.granted_replica_hours,
                     "limited_decisions": budget.limited_decisions},
@@ -628,8 +635,12 @@ fn clairvoyant_controls(s: &Scenario, week: &Trace, reactive: &Outcome, quick: b
                 seed,
             }
         };
-        // A seed draws the same forecast means for every z and utilization.
-        let smape = oracle::planned_rates(week, foresight(0.0)(s.args.seed)).1;
+        // A seed draws the same forecast means for every z and utilization; the label is the
+        // median over the seeds, as the points are.
+        let smape = Spread::of(
+            seeds(s.args).map(|seed| oracle::planned_rates(week, foresight(0.0)(seed)).1),
+        )
+        .map(|s| s.median);
         let mut points = Vec::new();
         for &util in utils {
             for &z in zs {
