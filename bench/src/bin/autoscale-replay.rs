@@ -381,10 +381,8 @@ fn run(args: &Args) -> Result<bool> {
         outcomes.push((*name, o));
         runs.push((*name, r));
     }
-    let wins = {
-        let get = |n: &str| &runs.iter().find(|(m, _)| *m == n).unwrap().1;
-        get("hybrid").paired_wins(get("reactive"), |o| o.slo_attainment)
-    };
+    let repeats_of = |n: &str| &runs.iter().find(|(m, _)| *m == n).unwrap().1;
+    let wins = repeats_of("hybrid").paired_wins(repeats_of("reactive"), |o| o.slo_attainment);
     println!(
         "medians over {} seeds ({}..); SLO range in the last column; hybrid >= reactive's attainment in {wins} of {} seeds (same seed)",
         runs[0].1.runs.len(),
@@ -400,10 +398,8 @@ fn run(args: &Args) -> Result<bool> {
     );
     let budget = spot.batch.clone().unwrap_or_default();
     // Both variants' spend, seed by seed, then the median (a sum of medians is not a median).
-    let spent = runs
-        .iter()
-        .find(|(n, _)| *n == "hybrid_spot")
-        .and_then(|(_, r)| r.spread(|o| o.batch.as_ref().map(|b| b.spent + o.cost)))
+    let spent = repeats_of("hybrid_spot")
+        .spread(|o| o.batch.as_ref().map(|b| b.spent + o.cost))
         .map_or(f64::NAN, |s| s.median);
     println!(
         "budget (hybrid_spot + batch): cap ${:.0}, spent ${:.0}, max over cap ${:.2}, batch granted {:.0}/{:.0} replica-h",

@@ -84,7 +84,9 @@ pub struct Report {
     pub verdict: String,
 }
 
-fn arm(name: &str, samples: &[Sample]) -> Arm {
+/// `units`: the distinct units among `samples` (analyze counts them once for the SRM test and
+/// the stickiness check both).
+fn arm(name: &str, samples: &[Sample], units: &HashSet<u64>) -> Arm {
     let mut sorted: Vec<f64> = samples.iter().filter(|s| s.ok).map(|s| s.latency_ms).collect();
     sorted.sort_by(f64::total_cmp);
     let requests = samples.len() as u64;
@@ -96,11 +98,10 @@ fn arm(name: &str, samples: &[Sample]) -> Arm {
         let (lo, hi) = quantile_ci(sorted.len(), q, Z95);
         Pct { q, value: quantile(&sorted, q), lo: sorted[lo], hi: sorted[hi] }
     };
-    let units = samples.iter().map(|s| s.unit).collect::<HashSet<_>>().len() as u64;
     Arm {
         name: name.to_string(),
         requests,
-        units,
+        units: units.len() as u64,
         errors,
         error_ci: wilson(errors, requests, Z95),
         latency: [pct(0.50), pct(0.95), pct(0.99)],
@@ -124,10 +125,11 @@ pub fn analyze(experiment: &str, names: [&str; 2], a: &[Sample], b: &[Sample], w
     let keep = |s: &[Sample]| s.iter().copied().filter(|s| s.at_s >= warmup_s).collect::<Vec<_>>();
     let (ka, kb) = (keep(a), keep(b));
     let excluded = (a.len() + b.len() - ka.len() - kb.len()) as u64;
-    let arms = [arm(names[0], &ka), arm(names[1], &kb)];
+    let units = |s: &[Sample]| s.iter().map(|s| s.unit).collect::<HashSet<u64>>();
+    let (ua, ub) = (units(&ka), units(&kb));
+    let arms = [arm(names[0], &ka, &ua), arm(names[1], &kb, &ub)];
     let srm = srm(arms[0].units, arms[1].units);
-    let in_a: HashSet<u64> = ka.iter().map(|s| s.unit).collect();
-    let units_in_both = kb.iter().map(|s| s.unit).collect::<HashSet<_>>().intersection(&in_a).count() as u64;
+    let units_in_both = ua.intersection(&ub).count() as u64;
     let latency = mann_whitney(&arms[0].sorted_ms, &arms[1].sorted_ms);
     let errors = two_proportions(arms[0].errors, arms[0].requests, arms[1].errors, arms[1].requests);
     // The Mann-Whitney z is positive when a is slower; the proportions' z when b errs more.
