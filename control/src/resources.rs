@@ -4,8 +4,9 @@
 //! A spec is written in weft-proxy's own YAML vocabulary (a `services[]`, `experiments[]` or
 //! `clusters[]` item), so a section of a proxy file can be applied as is, and it is checked by
 //! the proxy's own compiler (`Snapshot::compile`): what the control plane accepts, a sidecar
-//! accepts — except references to resources that do not exist yet, which are warnings here
-//! (apply order is free) and NACKs at a sidecar (which keeps its last good config).
+//! accepts — except references to resources that do not exist yet, which the API refuses
+//! unless the write allows them ([`missing`]), and which a sidecar refuses resource by
+//! resource (serving the rest).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -386,13 +387,33 @@ pub fn validate(kind: Kind, name: &str, spec: &Value) -> Result<Valid, FieldErro
     }
 }
 
-/// Human-readable warnings for references to resources `exists` does not know.
-pub fn dangling(refs: &[(Kind, String, String)], exists: impl Fn(Kind, &str) -> bool) -> Vec<String> {
+/// A reference to a resource that does not exist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Missing {
+    /// The field of the referring spec (`routes.all.cluster`).
+    pub field: String,
+    pub kind: Kind,
+    pub name: String,
+}
+
+impl fmt::Display for Missing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} {:?} does not exist", self.field, self.kind.yaml_kind(), self.name)
+    }
+}
+
+impl Missing {
+    /// The warning for an allowed one (`weftctl apply` matches its `Kind "name" does not exist`).
+    pub fn warning(&self) -> String {
+        format!("{self} (yet); sidecars will not serve this until it does")
+    }
+}
+
+/// The references among `refs` to resources `exists` does not know.
+pub fn missing(refs: &[(Kind, String, String)], exists: impl Fn(Kind, &str) -> bool) -> Vec<Missing> {
     refs.iter()
         .filter(|(k, n, _)| !exists(*k, n))
-        .map(|(k, n, field)| {
-            format!("{field}: {} {n:?} does not exist (yet); sidecars will reject this until it does", k.yaml_kind())
-        })
+        .map(|(kind, name, field)| Missing { field: field.clone(), kind: *kind, name: name.clone() })
         .collect()
 }
 
@@ -576,9 +597,9 @@ mod tests {
                 (Kind::Clusters, "c".into(), "routes.s.cluster".into())
             ]
         );
-        let warn = dangling(&v.refs, |k, n| k == Kind::Clusters && n == "c");
-        assert_eq!(warn.len(), 1);
-        assert!(warn[0].starts_with("routes.r.experiment: Experiment \"ab\" does not exist"), "{warn:?}");
+        let gone = missing(&v.refs, |k, n| k == Kind::Clusters && n == "c");
+        assert_eq!(gone, vec![Missing { field: "routes.r.experiment".into(), kind: Kind::Experiments, name: "ab".into() }]);
+        assert!(gone[0].warning().starts_with("routes.r.experiment: Experiment \"ab\" does not exist"), "{gone:?}");
     }
 
     #[test]

@@ -142,6 +142,49 @@ async fn apply_is_validated_ordered_and_idempotent() {
     node.running.shutdown().await.unwrap();
 }
 
+/// A service whose route names a cluster that does not exist: refused by the API (422 naming
+/// the field and the value) unless the write says it means it; one file holding both applies
+/// in any document order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dangling_references_are_refused_unless_allowed() {
+    let node = start().await;
+    let url = node.url.as_str();
+    let files = tempfile::tempdir().unwrap();
+    let service = "kind: Service\nname: s\nspec:\n  hosts: [s]\n  routes:\n    - { name: all, match: { path_prefix: / }, cluster: ghost }\n";
+    let alone = write(&files, "alone.yaml", service);
+    let o = ctl(url, &["apply", "-f", &alone], None).await;
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stderr.contains("routes.all.cluster") && o.stderr.contains("\"ghost\""), "{}", o.stderr);
+    assert!(o.stderr.contains("--allow-dangling"), "the way out is named: {}", o.stderr);
+    assert!(o.stderr.contains("nothing was applied"), "{}", o.stderr);
+    assert!(revisions(url).await.is_empty());
+
+    // The REST API itself: 422 with the field, and nothing stored.
+    use weft_control::cli::client::{Client, Server};
+    let spec = serde_json::json!({"hosts": ["s"], "routes": [{"name": "all", "match": {"path_prefix": "/"}, "cluster": "ghost"}]});
+    let mut client = Client::new(vec![Server::parse(url).unwrap()], None);
+    let r = client.request(http::Method::PUT, "/v1/services/s", Some(&spec), None).await.unwrap();
+    assert_eq!(r.status, http::StatusCode::UNPROCESSABLE_ENTITY, "{:?}", r.body);
+    assert_eq!(r.body["field"], "routes.all.cluster", "{:?}", r.body);
+    assert!(r.body["error"].as_str().unwrap().contains("\"ghost\""), "{:?}", r.body);
+    assert!(revisions(url).await.is_empty());
+
+    // Both in one file, the service first: applied, cluster first, no warning.
+    let both = write(&files, "both.yaml", &format!("{service}---\nkind: Cluster\nname: ghost\nspec: {{endpoints: [\"127.0.0.1:9\"]}}\n"));
+    let o = ctl(url, &["apply", "-f", &both], None).await;
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(!o.stderr.contains("warning"), "{}", o.stderr);
+    assert_eq!(revisions(url).await.len(), 2);
+
+    // Deliberately dangling: allowed, with the warning.
+    let other = write(&files, "other.yaml", &service.replace("name: s\n", "name: t\n").replace("ghost", "later"));
+    let o = ctl(url, &["apply", "-f", &other, "--allow-dangling"], None).await;
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stderr.contains("warning: service/t: routes.all.cluster: Cluster \"later\" does not exist"), "{}", o.stderr);
+    assert_eq!(revisions(url).await.len(), 3);
+    node.running.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_history_rollback_weights_delete_round_trip() {
     let node = start().await;
@@ -175,7 +218,7 @@ async fn get_history_rollback_weights_delete_round_trip() {
     // set-weights, then history shows both revisions.
     let r1 = exp["revision"].as_u64().unwrap();
     let out = ok(url, &["experiment", "set-weights", "chat-ab", "a=90", "b=10"]).await;
-    assert!(out.starts_with("experiment/chat-ab weights set: a=90 b=10 (revision "), "{out}");
+    assert!(out.starts_with("experiment/chat-ab weights set: a=90 (90%) b=10 (10%) (revision "), "{out}");
     let exp = json(url, &["get", "experiment", "chat-ab"]).await;
     let weights: Vec<&Value> = exp["spec"]["variants"].as_array().unwrap().iter().map(|v| &v["weight"]).collect();
     assert_eq!(weights, [90, 10]);
@@ -193,7 +236,7 @@ async fn get_history_rollback_weights_delete_round_trip() {
     let t = ok(url, &["history", "experiment", "chat-ab"]).await;
     assert_eq!(
         t.lines().nth(1).unwrap().split_whitespace().collect::<Vec<_>>(),
-        [r1.to_string().as_str(), "a=50", "b=50"]
+        [r1.to_string().as_str(), "a=50", "(50%)", "b=50", "(50%)"]
     );
 
     // rollback restores revision 1's weights in a new revision.
@@ -205,6 +248,17 @@ async fn get_history_rollback_weights_delete_round_trip() {
     let o = ctl(url, &["rollback", "experiment", "chat-ab", "--to", "999999"], None).await;
     assert_eq!(o.code, 1, "{o:?}");
     assert!(o.stderr.contains("(field: revision)"), "{}", o.stderr);
+
+    // Weights are relative shares: 150 and 10 are a 93.75/6.25 split, and every output says so.
+    let out = ok(url, &["experiment", "set-weights", "chat-ab", "a=150", "b=10"]).await;
+    assert!(out.starts_with("experiment/chat-ab weights set: a=150 (93.8%) b=10 (6.3%) (revision "), "{out}");
+    let t = ok(url, &["get", "experiments"]).await;
+    assert!(t.contains("a=150 (93.8%) b=10 (6.3%)"), "{t}");
+    let o = ctl(url, &["experiment", "set-weights", "chat-ab", "a=0", "b=0"], None).await;
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stderr.contains("weights sum to 0") && o.stderr.contains("(field: variants)"), "{}", o.stderr);
+    let out = ok(url, &["experiment", "set-weights", "chat-ab", "a=90", "b=10"]).await;
+    assert!(out.contains("a=90 (90%) b=10 (10%)"), "{out}");
 
     // delete, then the history ends in a deletion.
     let out = ok(url, &["delete", "service", "chat"]).await;

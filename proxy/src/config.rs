@@ -210,6 +210,8 @@ impl Default for Experiment {
 pub struct Variant {
     pub name: String,
     pub cluster: String,
+    /// A relative share: the variant gets `weight / sum of the experiment's weights` of the
+    /// traffic (90/10 and 9/1 split alike). 0 = none, though overrides still reach it.
     pub weight: u32,
     pub model_version: String,
     /// Requests in flight to this variant at once; 0 = unlimited.

@@ -183,9 +183,13 @@ async fn sidecars_follow_changes_nack_broken_config_and_outlive_the_control_plan
     assert!(out.status.success(), "weftctl: {}", String::from_utf8_lossy(&out.stderr));
     traffic_goes_to(&c, sidecar.listen, "b").await;
 
-    // A route to an experiment that does not exist: accepted with a warning, NACKed by the
-    // sidecar, which keeps serving its last good config; proxy-status shows the error.
-    let v = put(&c, nodes[0].api, "/v1/services/s", json!({"hosts": ["s"], "routes": [{"name": "r", "experiment": "missing"}]})).await;
+    // A route to an experiment that does not exist: refused by the API (422 naming the
+    // field); stored anyway when the write says so, with a warning, and NACKed by the sidecar,
+    // which keeps serving that service's last good version; proxy-status shows the error.
+    let dangling = json!({"hosts": ["s"], "routes": [{"name": "r", "experiment": "missing"}]});
+    let (status, v) = api(&c, Method::PUT, nodes[0].api, "/v1/services/s", Some(dangling.clone())).await;
+    assert_eq!((status, v["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("routes.r.experiment")), "{v}");
+    let v = put(&c, nodes[0].api, "/v1/services/s?allow_dangling=true", dangling).await;
     assert!(v["warnings"][0].as_str().unwrap().contains("missing"), "{v}");
     let nack = wait_for("proxy-status shows the NACK", Duration::from_secs(20), || async {
         let (_, v) = api(&c, Method::GET, nodes[0].api, "/v1/proxies", None).await;
@@ -196,6 +200,22 @@ async fn sidecars_follow_changes_nack_broken_config_and_outlive_the_control_plan
     .await;
     assert_eq!(nack["connected"], true, "{nack}");
     traffic_goes_to(&c, sidecar.listen, "b").await;
+
+    // The fault users hit: one bad service froze the whole services type at the sidecar, so a
+    // good service added afterwards was never served (404). Now it is, beside the bad one.
+    let broken = json!({"hosts": ["broken"], "routes": [{"name": "r", "cluster": "nope"}]});
+    put(&c, nodes[0].api, "/v1/services/broken?allow_dangling=true", broken).await;
+    put(&c, nodes[0].api, "/v1/services/later", json!({"hosts": ["later"], "routes": [{"name": "r", "cluster": "a"}]})).await;
+    wait_for("the service added after the bad ones is served", Duration::from_secs(20), || async {
+        let (status, _, body) = get(&c, sidecar.listen, "later", "/", &[]).await;
+        (status == StatusCode::OK && body == "a").then_some(())
+    })
+    .await;
+    let (status, _, _) = get(&c, sidecar.listen, "broken", "/", &[]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "the bad service is not served");
+    traffic_goes_to(&c, sidecar.listen, "b").await;
+    let (_, v) = api(&c, Method::DELETE, nodes[0].api, "/v1/services/broken", None).await;
+    assert!(v["revision"].is_u64(), "{v}");
     put(&c, nodes[0].api, "/v1/services/s", json!({"hosts": ["s"], "routes": [{"name": "r", "experiment": "e"}]})).await;
 
     // Every control node down: the sidecar keeps routing.

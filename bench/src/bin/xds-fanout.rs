@@ -1007,7 +1007,7 @@ mod tests {
             let valid = resources::validate(s.kind, &s.name, &s.spec)
                 .unwrap_or_else(|e| panic!("{}/{}: {e}", s.kind, s.name));
             let dangling =
-                resources::dangling(&valid.refs, |k, n| loaded.contains(&(k, n.to_string())));
+                resources::missing(&valid.refs, |k, n| loaded.contains(&(k, n.to_string())));
             assert!(dangling.is_empty(), "{}/{}: {dangling:?}", s.kind, s.name);
             *per_kind.entry(s.kind).or_insert(0) += 1;
             loaded.insert((s.kind, s.name));

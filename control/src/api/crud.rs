@@ -30,6 +30,10 @@ pub struct WriteQuery {
     revision: Option<u64>,
     /// Validate and show what would change, write nothing.
     dry_run: bool,
+    /// Accept references to resources that do not exist (yet): for bulk loaders that write in
+    /// their own order. Without it such a write is a 422 naming the field, because sidecars
+    /// cannot serve the resource until the reference resolves.
+    allow_dangling: bool,
 }
 
 fn kind(segment: &str) -> ApiResult<Kind> {
@@ -143,6 +147,9 @@ fn body_json(body: &Bytes) -> ApiResult<Value> {
 }
 
 /// Validates and writes `spec` as `kind/name`; shared by PUT and the weights shortcut.
+/// References to resources that do not exist are refused (422, the first one's field) unless
+/// `allow_dangling`; allowed, they are warnings. A dry run lists them under `dangling` either
+/// way, so `weftctl apply` can tell which ones the same file defines.
 pub(crate) async fn write_spec(
     st: &AppState,
     kind: Kind,
@@ -150,12 +157,25 @@ pub(crate) async fn write_spec(
     spec: &Value,
     expect: Option<u64>,
     dry_run: bool,
+    allow_dangling: bool,
 ) -> ApiResult<Json<Value>> {
     let valid = resources::validate(kind, name, spec)
         .map_err(|e| ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, &e.field, &e.message))?;
     let sm = st.node.local();
     let exists = |k: Kind, n: &str| sm.get(k.as_str(), n).ok().flatten().is_some();
-    let warnings = resources::dangling(&valid.refs, exists);
+    let missing = resources::missing(&valid.refs, exists);
+    let listed: Vec<Value> =
+        missing.iter().map(|m| json!({ "field": m.field, "kind": m.kind.yaml_kind(), "name": m.name })).collect();
+    if let Some(first) = missing.first().filter(|_| !allow_dangling) {
+        let all: Vec<String> = missing.iter().map(|m| m.to_string()).collect();
+        let e = format!(
+            "{}; create it first (weftctl apply -f orders the documents of one file), or write with \
+             ?allow_dangling=true (weftctl apply --allow-dangling) to store it anyway",
+            all.join("; ")
+        );
+        return Err(ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, &first.field, e).with("dangling", json!(listed)));
+    }
+    let warnings: Vec<String> = missing.iter().map(resources::Missing::warning).collect();
     if dry_run {
         let current = read_one(st, kind, name, false).await?;
         check_expect(kind, name, expect, current.as_ref())?;
@@ -170,6 +190,7 @@ pub(crate) async fn write_spec(
             "current": current_spec,
             "proposed": proposed,
             "warnings": warnings,
+            "dangling": listed,
         })));
     }
     let cmd = Command::Put {
@@ -195,7 +216,7 @@ pub async fn put(
     let expect = precondition(&q, &headers)?;
     let spec = body_json(&body)?;
     let trace = (!q.dry_run).then(|| st.spans.begin("PUT", "/v1/{kind}/{name}", traceparent(&headers))).flatten();
-    let r = write_spec(&st, kind, &name, &spec, expect, q.dry_run).await;
+    let r = write_spec(&st, kind, &name, &spec, expect, q.dry_run, q.allow_dangling).await;
     finish_trace(&st, trace, kind, &name, &r);
     r
 }
@@ -347,5 +368,13 @@ pub(crate) async fn set_experiment_weights(
         };
         v["weight"] = json!(weight);
     }
-    write_spec(st, Kind::Experiments, name, &spec, Some(expect), dry_run).await
+    // Weights do not change what the experiment refers to: a variant whose cluster went away
+    // since must not block moving traffic off it.
+    let Json(mut answer) = write_spec(st, Kind::Experiments, name, &spec, Some(expect), dry_run, true).await?;
+    // Every variant's weight after the write: the ones not named keep theirs, and the shares
+    // are relative to the sum of all of them.
+    let variants = spec["variants"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let all: Vec<Value> = variants.iter().map(|v| json!({ "name": v["name"], "weight": v["weight"] })).collect();
+    answer["variants"] = Value::Array(all);
+    Ok(Json(answer))
 }

@@ -96,7 +96,7 @@ impl ApiError {
         e
     }
 
-    fn with(mut self, key: &str, value: Value) -> Self {
+    pub(crate) fn with(mut self, key: &str, value: Value) -> Self {
         self.body[key] = value;
         self
     }

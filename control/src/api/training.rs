@@ -108,5 +108,5 @@ pub async fn scale(State(st): State<Arc<AppState>>, Path(name): Path<String>, bo
     spec.workers = req.workers;
     spec.validate().map_err(|(f, e)| ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, f, e))?;
     let value = serde_json::to_value(&spec).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
-    super::write_spec(&st, Kind::TrainingJobs, &name, &value, Some(revision), false).await
+    super::write_spec(&st, Kind::TrainingJobs, &name, &value, Some(revision), false, false).await
 }

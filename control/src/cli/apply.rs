@@ -4,7 +4,9 @@
 //!
 //! 1. parse every document locally (YAML, kind, name, spec shape); any problem aborts;
 //! 2. dry-run every document on the server, which validates it with the proxy's own rules and
-//!    answers current vs proposed; any refusal aborts, still before the first write;
+//!    answers current vs proposed and which references do not resolve; any refusal aborts,
+//!    still before the first write, and so does a reference to something neither the server
+//!    nor another document of the file defines (unless `--allow-dangling`);
 //! 3. write only the documents that change, dependencies first (clusters, endpoints,
 //!    experiments, services), each conditional on the revision seen in step 2 so an edit
 //!    made by someone else in between is a conflict rather than silently overwritten.
@@ -235,11 +237,24 @@ struct Plan {
     current: Value,
     proposed: Value,
     warnings: Vec<String>,
+    /// References that do not resolve on the server: (field, YAML kind, name).
+    dangling: Vec<(String, String, String)>,
 }
 
-/// `PUT ...?dry_run=true` of one document: its plan, or the server's refusal.
+/// How `apply` treats references to resources that do not exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dangling {
+    /// Refused unless another document of the same apply defines the target.
+    Refuse,
+    /// Written anyway, with a warning (`--allow-dangling`): for files applied in parts.
+    Allow,
+}
+
+/// `PUT ...?dry_run=true` of one document: its plan, or the server's refusal. Dangling
+/// references are allowed here and listed in the plan: whether they are acceptable depends on
+/// the other documents (see [`unresolved`]).
 async fn check_on_server(client: &mut Client, doc: &Doc) -> Result<Result<Plan, Response>, ClientError> {
-    let path = format!("{}?dry_run=true", put_path(doc));
+    let path = format!("{}?dry_run=true&allow_dangling=true", put_path(doc));
     let r = client.request(http::Method::PUT, &path, Some(&doc.spec), None).await?;
     if !r.status.is_success() {
         return Ok(Err(r));
@@ -250,7 +265,28 @@ async fn check_on_server(client: &mut Client, doc: &Doc) -> Result<Result<Plan, 
         current: r.body["current"].clone(),
         proposed: r.body["proposed"].clone(),
         warnings: strings(&r.body["warnings"]),
+        dangling: r.body["dangling"]
+            .as_array()
+            .map(|a| {
+                let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                a.iter().map(|d| (s(&d["field"]), s(&d["kind"]), s(&d["name"]))).collect()
+            })
+            .unwrap_or_default(),
     }))
+}
+
+/// The dangling references of `plan` that no document of `docs` defines, as error lines.
+fn unresolved(plan: &Plan, docs: &[Doc]) -> Vec<String> {
+    plan.dangling
+        .iter()
+        .filter(|(_, kind, name)| !docs.iter().any(|d| d.kind.yaml_kind() == kind && &d.name == name))
+        .map(|(field, kind, name)| {
+            format!(
+                "{field}: {kind} {name:?} does not exist and this file does not define it (field: {field}); \
+                 apply it too, or pass --allow-dangling"
+            )
+        })
+        .collect()
 }
 
 /// `current` vs `proposed` of a plan as YAML, unified-style.
@@ -283,7 +319,13 @@ fn put_path(doc: &Doc) -> String {
 }
 
 /// Runs an apply of already parsed `docs` (see the module doc for the steps).
-pub async fn run(client: &mut Client, mut docs: Vec<Doc>, dry_run: bool, format: Format) -> Result<(), CliError> {
+pub async fn run(
+    client: &mut Client,
+    mut docs: Vec<Doc>,
+    dry_run: bool,
+    dangling: Dangling,
+    format: Format,
+) -> Result<(), CliError> {
     docs.sort_by_key(|d| Kind::ALL.iter().position(|k| *k == d.kind));
 
     // Step 2: every document past the server's validation before anything is written.
@@ -291,7 +333,12 @@ pub async fn run(client: &mut Client, mut docs: Vec<Doc>, dry_run: bool, format:
     let mut refused = Vec::new();
     for doc in &docs {
         match check_on_server(client, doc).await {
-            Ok(Ok(plan)) => plans.push(plan),
+            Ok(Ok(plan)) => {
+                if dangling == Dangling::Refuse {
+                    refused.extend(unresolved(&plan, &docs).into_iter().map(|e| format!("{}: {e}", doc.label())));
+                }
+                plans.push(plan)
+            }
             Ok(Err(r)) => refused.push(format!("{}: {}", doc.label(), api_error(&r))),
             Err(e) => return Err(CliError::Request(format!("{e}\nnothing was applied"))),
         }
@@ -335,8 +382,12 @@ pub async fn run(client: &mut Client, mut docs: Vec<Doc>, dry_run: bool, format:
                 results.push(json!({"kind": doc.kind.as_str(), "name": doc.name, "action": "unchanged", "revision": plan.revision}));
                 continue;
             }
+            let path = match dangling {
+                Dangling::Refuse => put_path(doc),
+                Dangling::Allow => format!("{}?allow_dangling=true", put_path(doc)),
+            };
             let r = client
-                .request(http::Method::PUT, &put_path(doc), Some(&doc.spec), Some(plan.revision))
+                .request(http::Method::PUT, &path, Some(&doc.spec), Some(plan.revision))
                 .await
                 .map_err(|e| partial(&results, format, CliError::request(e)))?;
             let body = if r.status == http::StatusCode::CONFLICT {
@@ -564,7 +615,7 @@ spec:
     async fn apply_against(answers: Vec<(u16, String)>, text: &str) -> (Result<(), CliError>, Vec<Seen>) {
         let (addr, seen) = test_server::start(answers).await;
         let mut c = Client::new(vec![Server::parse(&addr).unwrap()], None);
-        let r = run(&mut c, parse_docs(text).unwrap(), false, Format::Json).await;
+        let r = run(&mut c, parse_docs(text).unwrap(), false, Dangling::Refuse, Format::Json).await;
         let seen = seen.lock().unwrap().clone();
         (r, seen)
     }
@@ -586,11 +637,11 @@ spec:
         assert_eq!(
             lines,
             [
-                ("PUT /v1/clusters/b?dry_run=true", None),
-                ("PUT /v1/clusters/a?dry_run=true", None),
+                ("PUT /v1/clusters/b?dry_run=true&allow_dangling=true", None),
+                ("PUT /v1/clusters/a?dry_run=true&allow_dangling=true", None),
                 ("PUT /v1/clusters/b", Some("0")),
                 ("PUT /v1/clusters/a", Some("4")),
-                ("PUT /v1/clusters/a?dry_run=true", None),
+                ("PUT /v1/clusters/a?dry_run=true&allow_dangling=true", None),
             ]
         );
     }
@@ -622,6 +673,23 @@ spec:
     }
 
     #[test]
+    fn dangling_references_must_be_defined_by_the_same_file() {
+        let docs = parse_docs("kind: Cluster\nname: here\nspec: {}\n").unwrap();
+        let plan = |targets: &[&str]| Plan {
+            changed: true,
+            revision: 0,
+            current: Value::Null,
+            proposed: Value::Null,
+            warnings: vec![],
+            dangling: targets.iter().map(|t| ("routes.r.cluster".into(), "Cluster".into(), (*t).into())).collect(),
+        };
+        assert!(unresolved(&plan(&["here"]), &docs).is_empty(), "defined by another document");
+        let e = unresolved(&plan(&["here", "gone"]), &docs);
+        assert_eq!(e.len(), 1);
+        assert!(e[0].starts_with("routes.r.cluster: Cluster \"gone\" does not exist") && e[0].ends_with("--allow-dangling"), "{e:?}");
+    }
+
+    #[test]
     fn plan_diffs() {
         let doc = Doc { number: 1, line: None, kind: Kind::Clusters, name: "c".into(), spec: json!({}) };
         let plan = Plan {
@@ -630,6 +698,7 @@ spec:
             current: json!({"name": "c", "lb": "round_robin"}),
             proposed: json!({"name": "c", "lb": "p2c_ewma"}),
             warnings: vec![],
+            dangling: vec![],
         };
         assert_eq!(
             plan_diff(&doc, &plan),

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::output::{cell, table};
+use super::output::{cell, table, weight_shares};
 
 fn ms(v: &Value) -> String {
     match v["ms"].as_f64() {
@@ -19,15 +19,17 @@ fn pct(x: Option<f64>) -> String {
 
 /// The human view of `GET /v1/rollout/NAME`.
 pub fn status_table(body: &Value) -> String {
+    let weights = weight_shares(&body["variants"]);
     let rows: Vec<Vec<String>> = body["variants"]
         .as_array()
         .into_iter()
         .flatten()
-        .map(|v| {
+        .zip(weights)
+        .map(|(v, weight)| {
             let ci = &v["error_rate_ci"];
             vec![
                 cell(&v["variant"]),
-                cell(&v["weight"]),
+                weight,
                 cell(&v["requests"]),
                 format!("{} [{}, {}]", pct(v["error_rate"].as_f64()), pct(ci[0].as_f64()), pct(ci[1].as_f64())),
                 ms(&v["p50"]),
@@ -36,7 +38,7 @@ pub fn status_table(body: &Value) -> String {
             ]
         })
         .collect();
-    let mut out = table(&["VARIANT", "WEIGHT", "REQUESTS", "ERRORS [95% CI]", "P50 ms [CI]", "P95 ms [CI]", "P99 ms [CI]"], &rows);
+    let mut out = table(&["VARIANT", "WEIGHT (SHARE)", "REQUESTS", "ERRORS [95% CI]", "P50 ms [CI]", "P95 ms [CI]", "P99 ms [CI]"], &rows);
     let srm = &body["srm"];
     out.push_str(&format!(
         "\nsample ratio vs weights: chi2 {:.2}, p {:.3e}{}\n",
@@ -98,6 +100,7 @@ mod tests {
                     "errors": {"diff": 0.02, "lo": 0.01, "hi": 0.03}, "slow": {"diff": 0.0, "lo": -0.01, "hi": 0.01}}}}
         });
         let t = status_table(&body);
+        assert!(t.contains("75 (75%)") && t.contains("25 (25%)"), "{t}");
         assert!(t.contains("1.00% [0.70%, 1.40%]") && t.contains("80.0 [78.0, 83.0]"), "{t}");
         assert!(t.contains("rolled_back at 0%") && t.contains("rollback (confidence 99.9%)") && t.contains("why: rolled back"), "{t}");
     }

@@ -60,6 +60,11 @@ pub enum Command {
         /// Show what would change, as a diff per document, and write nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Write documents whose references (a route's cluster, a variant's cluster) resolve
+        /// neither on the server nor in this file, with a warning. Without it they are refused:
+        /// sidecars cannot serve them until the target exists.
+        #[arg(long)]
+        allow_dangling: bool,
     },
     /// List the resources of a kind, or show one.
     Get { kind: String, name: Option<String> },
@@ -367,7 +372,10 @@ pub async fn run(args: Args) -> Result<(), CliError> {
     };
     let mut c = client(&args)?;
     match args.command {
-        Command::Apply { dry_run, .. } => apply::run(&mut c, docs.unwrap_or_default(), dry_run, format).await,
+        Command::Apply { dry_run, allow_dangling, .. } => {
+            let dangling = if allow_dangling { apply::Dangling::Allow } else { apply::Dangling::Refuse };
+            apply::run(&mut c, docs.unwrap_or_default(), dry_run, dangling, format).await
+        }
         Command::Get { kind, name } => {
             let kind = parse_kind(&kind)?;
             match name {
@@ -424,14 +432,14 @@ pub async fn run(args: Args) -> Result<(), CliError> {
         Command::Experiment { command: ExperimentCommand::Resume { name } } => rollout_command(&mut c, format, "resume", &name).await,
         Command::Experiment { command: ExperimentCommand::SetWeights { name, weights } } => {
             let (name, weights) = (parse_name(&name)?, parse_weights(&weights)?);
-            let summary: Vec<String> = weights.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let path = format!("/v1/experiments/{name}/weights");
             let body = call(&mut c, Method::POST, &path, Some(&json!({ "weights": weights }))).await?;
             let object = output::object(Kind::Experiments, name);
             warnings(&object, &body);
             show(format, &body, |b| {
                 let what = if b["changed"] == Value::Bool(false) { "unchanged" } else { "weights set" };
-                format!("{object} {what}: {} (revision {})\n", summary.join(" "), output::cell(&b["revision"]))
+                let all = output::variant_weights(&b["variants"]);
+                format!("{object} {what}: {all} (revision {})\n", output::cell(&b["revision"]))
             });
             Ok(())
         }
@@ -594,7 +602,7 @@ mod tests {
     fn command_lines_parse() {
         let a = Args::try_parse_from(["weftctl", "apply", "-f", "-", "--dry-run", "-o", "json"]).unwrap();
         assert_eq!(a.output, Format::Json);
-        assert!(matches!(a.command, Command::Apply { ref file, dry_run: true } if file == "-"));
+        assert!(matches!(a.command, Command::Apply { ref file, dry_run: true, allow_dangling: false } if file == "-"));
         let a = Args::try_parse_from(["weftctl", "--server", "http://a:1,http://b:2", "members"]).unwrap();
         assert!(matches!(a.command, Command::Members { command: None }));
         let a = Args::try_parse_from(["weftctl", "members", "add", "2", "h:1", "--learner"]).unwrap();

@@ -77,6 +77,35 @@ pub fn cell(v: &Value) -> String {
     }
 }
 
+/// Each variant's weight with its share, `150 (93.8%)`, in order. Weights are relative
+/// shares (90/10 and 9/1 split alike), so the share is what tells a reader the split; `-`
+/// when all are 0 (which the API refuses).
+pub fn weight_shares(variants: &Value) -> Vec<String> {
+    let items = variants.as_array().map(Vec::as_slice).unwrap_or_default();
+    let total: u64 = items.iter().filter_map(|v| v["weight"].as_u64()).sum();
+    items
+        .iter()
+        .map(|v| {
+            let share = v["weight"].as_u64().filter(|_| total > 0).map(|w| w as f64 * 100.0 / total as f64);
+            let share = share.map_or_else(|| "-".into(), |p| format!("{}%", round_share(p)));
+            format!("{} ({share})", cell(&v["weight"]))
+        })
+        .collect()
+}
+
+/// `a=150 (93.8%) b=10 (6.3%)`: each variant (items with `name` and `weight`) and its share.
+pub fn variant_weights(variants: &Value) -> String {
+    let names = variants.as_array().map(Vec::as_slice).unwrap_or_default().iter().map(|v| cell(&v["name"]));
+    let all: Vec<String> = names.zip(weight_shares(variants)).map(|(n, w)| format!("{n}={w}")).collect();
+    all.join(" ")
+}
+
+/// A percentage with as few decimals as it needs (50, 93.8, 0.1).
+fn round_share(p: f64) -> String {
+    let r = (p * 10.0).round() / 10.0;
+    if r.fract() == 0.0 { format!("{r:.0}") } else { format!("{r:.1}") }
+}
+
 /// Longest summary cell, so a table row stays on one line.
 const SUMMARY_MAX: usize = 72;
 
@@ -173,11 +202,7 @@ pub fn summary(kind: Kind, spec: &Value) -> String {
             s
         }
         Kind::Experiments => {
-            let variants: Vec<String> = spec["variants"]
-                .as_array()
-                .map(|vs| vs.iter().map(|v| format!("{}={}", cell(&v["name"]), cell(&v["weight"]))).collect())
-                .unwrap_or_default();
-            let mut s = variants.join(" ");
+            let mut s = variant_weights(&spec["variants"]);
             if let Value::String(c) = &spec["shadow"]["cluster"] {
                 s.push_str(&format!(" shadow→{c}"));
             }
@@ -357,7 +382,9 @@ mod tests {
             {"name": "infer", "experiment": "ab"}, {"name": "default", "cluster": "c1"}]});
         assert_eq!(summary(Kind::Services, &svc), "hosts=chat,chat.svc routes=infer→experiment/ab,default→c1");
         let exp = json!({"variants": [{"name": "a", "weight": 90}, {"name": "b", "weight": 10}], "shadow": null});
-        assert_eq!(summary(Kind::Experiments, &exp), "a=90 b=10");
+        assert_eq!(summary(Kind::Experiments, &exp), "a=90 (90%) b=10 (10%)");
+        let relative = json!({"variants": [{"name": "a", "weight": 150}, {"name": "b", "weight": 10}, {"name": "c", "weight": 0}]});
+        assert_eq!(summary(Kind::Experiments, &relative), "a=150 (93.8%) b=10 (6.3%) c=0 (0%)");
         let cl = json!({"lb": "p2c_ewma", "protocol": "http1", "endpoints": ["10.0.0.1:80", "10.0.0.2:80"]});
         assert_eq!(summary(Kind::Clusters, &cl), "lb=p2c_ewma protocol=http1 endpoints=10.0.0.1:80,10.0.0.2:80");
         let eps = json!({"endpoints": [{"address": "h:1", "variant": "a"}, {"address": "h:2", "variant": ""}]});

@@ -52,6 +52,64 @@ impl Dynamic {
         Ok(())
     }
 
+    /// The names of the resources of `type_url` whose entry differs between `self` and
+    /// `other` (added, changed or removed), in `other`'s order then removals: the unit a
+    /// sidecar accepts or refuses one by one when a whole response cannot be served.
+    pub fn changed(&self, other: &Dynamic, type_url: &str) -> Vec<String> {
+        fn diff<T: PartialEq>(a: &[T], b: &[T], name: impl Fn(&T) -> &String) -> Vec<String> {
+            let find = |v: &[T], n: &String| v.iter().position(|x| name(x) == n);
+            let mut out: Vec<String> =
+                b.iter().filter(|x| find(a, name(x)).is_none_or(|i| &a[i] != *x)).map(|x| name(x).clone()).collect();
+            out.extend(a.iter().filter(|x| find(b, name(x)).is_none()).map(|x| name(x).clone()));
+            out
+        }
+        match type_url {
+            typeurl::CLUSTER => diff(&self.clusters, &other.clusters, |c| &c.name),
+            typeurl::EXPERIMENT => diff(&self.experiments, &other.experiments, |e| &e.name),
+            typeurl::SERVICE => diff(&self.services, &other.services, |s| &s.name),
+            typeurl::ENDPOINTS => {
+                let a: Vec<(String, Vec<String>)> = self.endpoints.clone().into_iter().collect();
+                let b: Vec<(String, Vec<String>)> = other.endpoints.clone().into_iter().collect();
+                diff(&a, &b, |e| &e.0)
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Makes resource `name` of `type_url` what it is in `from`: replaced or added (after the
+    /// resource that precedes it in `from`, so order follows the push), or removed if `from`
+    /// has none.
+    pub fn take(&mut self, from: &Dynamic, type_url: &str, name: &str) {
+        fn take<T: Clone>(to: &mut Vec<T>, from: &[T], n: &str, name: impl Fn(&T) -> &String) {
+            let at = to.iter().position(|x| name(x) == n);
+            match (from.iter().position(|x| name(x) == n), at) {
+                (Some(i), Some(j)) => to[j] = from[i].clone(),
+                (Some(i), None) => {
+                    let after = from[..i].iter().rev().find_map(|p| to.iter().position(|x| name(x) == name(p)));
+                    to.insert(after.map_or(0, |j| j + 1), from[i].clone());
+                }
+                (None, Some(j)) => {
+                    to.remove(j);
+                }
+                (None, None) => {}
+            }
+        }
+        match type_url {
+            typeurl::CLUSTER => take(&mut self.clusters, &from.clusters, name, |c| &c.name),
+            typeurl::EXPERIMENT => take(&mut self.experiments, &from.experiments, name, |e| &e.name),
+            typeurl::SERVICE => take(&mut self.services, &from.services, name, |s| &s.name),
+            typeurl::ENDPOINTS => match from.endpoints.get(name) {
+                Some(e) => {
+                    self.endpoints.insert(name.to_owned(), e.clone());
+                }
+                None => {
+                    self.endpoints.remove(name);
+                }
+            },
+            _ => {}
+        }
+    }
+
     /// The config to serve: the bootstrap (node, admin, listeners, telemetry, and any static
     /// services/experiments/clusters) plus these resources. A pushed resource with the name of
     /// a static one replaces it, so a bootstrap can seed defaults the control plane takes

@@ -8,9 +8,11 @@
 //! first applied as a whole: one swap, no intermediate config that would be invalid or route
 //! to half of a change. If that fails, the batch less one type is tried for each type (so
 //! types that only work together still pass beside a bad one), then the types one at a time
-//! (repeatedly, so any order that works is found); the ones that still fail are NACKed with
-//! their own error while the rest are ACKed. Of two responses of one type in a batch only the
-//! later counts.
+//! (repeatedly, so any order that works is found). A type that still fails is taken apart:
+//! each resource it adds, changes or removes is tried on its own (again until no progress),
+//! so one bad service never keeps a new good one from being served; the response is NACKed
+//! naming the refused resources, which keep their last good version (or stay absent). Of two
+//! responses of one type in a batch only the later counts.
 
 use weft_xds::subscription::Verdict;
 use weft_xds::transport::DiscoveryResponse;
@@ -79,10 +81,7 @@ impl State {
                 open.iter().for_each(|&i| verdicts[i] = Some(Ok(())));
                 open.clear();
             }
-            Err(e) if open.len() == 1 => {
-                verdicts[open[0]] = Some(Err(e));
-                open.clear();
-            }
+            // One type alone: the pass below tries it again, then resource by resource.
             Err(_) => {}
         }
 
@@ -125,10 +124,60 @@ impl State {
             }
         }
         for i in open {
-            verdicts[i] = Some(Err(std::mem::take(&mut errors[i])));
+            let (v, verdict) = self.resource_by_resource(&batch[i], std::mem::take(&mut errors[i]), &mut apply);
+            applied = v.or(applied);
+            verdicts[i] = Some(verdict);
         }
         let verdicts = (0..batch.len()).map(|i| verdicts[newest[i]].clone().unwrap_or(Ok(()))).collect();
         Outcome { verdicts, applied }
+    }
+
+    /// Applies what can be applied of `response` one resource at a time, after the response as
+    /// a whole failed with `whole`; answers the last version applied and the verdict, whose
+    /// error names each refused resource's own error.
+    fn resource_by_resource(
+        &mut self,
+        response: &DiscoveryResponse,
+        whole: String,
+        apply: &mut impl FnMut(Config) -> Result<u64, String>,
+    ) -> (Option<u64>, Verdict) {
+        let wanted = self.with(std::slice::from_ref(response), [0]);
+        let mut pending = self.accepted.changed(&wanted, &response.type_url);
+        if pending.len() <= 1 {
+            return (None, Err(whole));
+        }
+        let total = pending.len();
+        let mut applied = None;
+        let mut errors: Vec<(String, String)> = Vec::new();
+        loop {
+            let before = pending.len();
+            errors.clear();
+            pending.retain(|name| {
+                let mut one = self.accepted.clone();
+                one.take(&wanted, &response.type_url, name);
+                match self.try_apply(one, apply) {
+                    Ok(v) => {
+                        applied = v.or(applied);
+                        false
+                    }
+                    Err(e) => {
+                        errors.push((name.clone(), e));
+                        true
+                    }
+                }
+            });
+            if pending.is_empty() || pending.len() == before {
+                break;
+            }
+        }
+        if pending.is_empty() {
+            // Every change passed (some only after others): what is served now is the push.
+            return (applied, Ok(()));
+        }
+        let list: Vec<String> = errors.into_iter().map(|(_, e)| e).collect();
+        let refused = list.len();
+        let kept = total - refused;
+        (applied, Err(format!("{} ({refused} of {total} changed resources refused, {kept} applied)", list.join("; "))))
     }
 
     /// What is served, with the responses `which` of `batch` in place of their types. They
@@ -213,17 +262,70 @@ mod tests {
     }
 
     fn services(cluster: &str) -> DiscoveryResponse {
-        let s = v1::Service {
-            name: "s".into(),
-            hosts: vec!["*".into()],
-            routes: vec![v1::Route {
-                name: "r".into(),
-                target: Some(v1::route::Target::Cluster(cluster.into())),
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        DiscoveryResponse { type_url: typeurl::SERVICE.into(), resources: vec![to_any(&s)], ..Default::default() }
+        named_services(&[("s", cluster)])
+    }
+
+    /// Services of (name, the cluster of its one route).
+    fn named_services(list: &[(&str, &str)]) -> DiscoveryResponse {
+        let resources = list
+            .iter()
+            .map(|(name, cluster)| {
+                to_any(&v1::Service {
+                    name: (*name).into(),
+                    hosts: vec![format!("{name}.example")],
+                    routes: vec![v1::Route {
+                        name: "r".into(),
+                        target: Some(v1::route::Target::Cluster((*cluster).into())),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+            })
+            .collect();
+        DiscoveryResponse { type_url: typeurl::SERVICE.into(), resources, ..Default::default() }
+    }
+
+    fn served(st: &State) -> Vec<(String, String)> {
+        let target = |s: &crate::config::Service| s.routes[0].cluster.clone().unwrap_or_default();
+        st.accepted().services.iter().map(|s| (s.name.clone(), target(s))).collect()
+    }
+
+    /// The fault a new user hit: a service naming a cluster that does not exist made the
+    /// sidecar NACK the whole services response, so a good service added later was never
+    /// served. Now the bad one is refused alone (a changed one keeps its last good version).
+    #[test]
+    fn one_bad_resource_does_not_keep_the_others_of_its_type_from_being_served() {
+        let mut applied = Vec::new();
+        let mut st = State::new(bootstrap());
+        st.absorb(&[clusters(&["a"]), endpoints(&["a"]), named_services(&[("s", "a")])], validator(&mut applied));
+        let out = st.absorb(&[named_services(&[("s", "a"), ("bad", "nope"), ("new", "a")])], validator(&mut applied));
+        let err = out.verdicts[0].clone().unwrap_err();
+        assert!(err.starts_with("services.bad.routes.r.cluster: unknown cluster \"nope\""), "{err}");
+        assert!(err.ends_with("(1 of 2 changed resources refused, 1 applied)"), "{err}");
+        assert!(out.applied.is_some());
+        assert_eq!(served(&st), [("s".into(), "a".into()), ("new".into(), "a".into())]);
+
+        // The next push still has the bad one, plus an update of s that breaks it and another
+        // new service: s keeps its last good version, the new one is served.
+        let out = st.absorb(
+            &[named_services(&[("s", "gone"), ("bad", "nope"), ("new", "a"), ("newer", "a")])],
+            validator(&mut applied),
+        );
+        let err = out.verdicts[0].clone().unwrap_err();
+        assert!(err.contains("services.s.routes.r.cluster") && err.contains("services.bad."), "{err}");
+        assert_eq!(
+            served(&st),
+            [("s".into(), "a".into()), ("new".into(), "a".into()), ("newer".into(), "a".into())],
+            "push order kept, s at its last good version"
+        );
+
+        // Fixed at the control plane: everything is served, ACKed.
+        let out = st.absorb(
+            &[clusters(&["a", "nope"]), endpoints(&["a", "nope"]), named_services(&[("s", "a"), ("bad", "nope"), ("new", "a")])],
+            validator(&mut applied),
+        );
+        assert_eq!(out.verdicts, vec![Ok(()), Ok(()), Ok(())]);
+        assert_eq!(served(&st).len(), 3);
     }
 
     #[test]
@@ -259,8 +361,10 @@ mod tests {
         // find the order that works for the other two.
         let out = st.absorb(&[clusters(&["b"]), services("b"), endpoints(&[])], validator(&mut applied));
         assert_eq!(out.verdicts[..2].to_vec(), vec![Ok::<(), String>(()), Ok(())]);
-        assert_eq!(out.verdicts[2], Err("clusters.b.endpoints: at least one endpoint is required".into()));
+        let err = out.verdicts[2].clone().unwrap_err();
+        assert!(err.starts_with("clusters.b.endpoints: at least one endpoint is required"), "{err}");
         assert_eq!(st.accepted().clusters.len(), 1);
+        assert_eq!(st.accepted().endpoints.keys().collect::<Vec<_>>(), ["b"], "a's endpoints could go, b's could not");
     }
 
     #[test]
