@@ -24,6 +24,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod drain;
+pub mod grpc_reply;
 pub mod duration;
 pub mod h1;
 pub mod headers;

@@ -45,15 +45,19 @@ pub async fn handle(sh: Arc<Shared>, li: usize, req: Request<DownBody>, fields: 
     // Every value empty until routed (free to make: see `telemetry::LabelValue`).
     let mut labels = Labels::default();
     let mut span = None;
+    let grpc = crate::grpc_reply::is_grpc(req.headers());
     let mut resp = match serve(&sh, &snap, li, req, fields, start, &mut labels, &mut span).await {
         Ok(resp) => resp,
         Err(local) => {
-            let resp = local.into_response();
-            labels.status_class = telemetry::status_class(resp.status().as_u16());
+            // Telemetry keeps the HTTP status the error stands for (a gRPC caller sees 200 and
+            // the grpc-status), so error rates count it either way.
+            let status = local.status;
+            labels.status_class = telemetry::status_class(status.as_u16());
+            let resp = if grpc { local.into_grpc_response() } else { local.into_response() };
             sh.telemetry.finish(&labels, start.elapsed(), 0);
             if let Some(s) = span.take() {
                 let kind = resp.headers().get("x-weft-error").and_then(|v| v.to_str().ok());
-                s.finish(&labels, resp.status().as_u16(), None, kind);
+                s.finish(&labels, status.as_u16(), None, kind);
             }
             resp
         }
@@ -969,18 +973,42 @@ impl Local {
         self.headers.push((k, v.to_string()));
         self
     }
+    /// The reply to a gRPC call (see [`crate::grpc_reply`]): 200, trailers-only, the status
+    /// and message as `grpc-status`/`grpc-message`, weft's own headers kept.
+    pub fn into_grpc_response(self) -> Response<RespBody> {
+        let kind = self.body.get("error").and_then(|v| v.as_str()).unwrap_or_default();
+        let message = self.body.get("message").and_then(|v| v.as_str()).unwrap_or_default();
+        let code = crate::grpc_reply::code(kind, self.status.as_u16());
+        let message = crate::grpc_reply::encode_message(message);
+        let mut r = Response::new(RespBody::local(Bytes::new()));
+        let h = r.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.insert("grpc-status", HeaderValue::from(code));
+        if let Ok(v) = HeaderValue::from_str(&message) {
+            h.insert("grpc-message", v);
+        }
+        insert_all(h, self.headers);
+        r
+    }
+
     pub fn into_response(self) -> Response<RespBody> {
         let mut text = serde_json::to_vec(&self.body).unwrap_or_default();
         text.push(b'\n');
         let mut r = Response::new(RespBody::local(text));
         *r.status_mut() = self.status;
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        for (k, v) in self.headers {
-            if let Ok(v) = HeaderValue::from_str(&v) {
-                r.headers_mut().insert(k, v);
-            }
-        }
+        insert_all(r.headers_mut(), self.headers);
         r
+    }
+}
+
+/// A local reply's own headers (`x-weft-error`, `retry-after`, ...); a value that is not a
+/// valid header value is dropped rather than failing the reply.
+fn insert_all(h: &mut http::HeaderMap, headers: Vec<(&'static str, String)>) {
+    for (k, v) in headers {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(k, v);
+        }
     }
 }
 

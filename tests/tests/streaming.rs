@@ -212,6 +212,59 @@ async fn grpc_unary_and_server_streaming_pass() {
     assert_eq!(second.status, ServingStatus::NotServing as i32, "a later stream message arrives while the stream stays open");
 }
 
+/// Errors the sidecar answers itself, to a real gRPC client: HTTP 200 with the gRPC status in
+/// a trailers-only response (clients saw a 404/503 JSON body as UNIMPLEMENTED / UNKNOWN).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_replies_to_grpc_requests_carry_a_grpc_status() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let yaml = format!(
+        r#"
+admin: {{address: "127.0.0.1:0"}}
+listeners: [{{name: out, address: "127.0.0.1:0"}}]
+services:
+  - {{name: s, hosts: ["*"], routes: [{{name: down, match: {{path_prefix: /grpc.health.v1.Health/}}, cluster: c}}, {{name: only, match: {{path_prefix: /only/}}, cluster: c}}]}}
+clusters: [{{name: c, endpoints: ["{dead}"], protocol: http2}}]
+"#
+    );
+    let p = start_proxy(&yaml);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", p.listener_addrs[0])).unwrap().connect().await.unwrap();
+    let mut health = HealthClient::new(channel.clone());
+    let down = health.check(HealthCheckRequest { service: "model".into() }).await.unwrap_err();
+    assert_eq!(down.code(), tonic::Code::Unavailable, "upstream down: {down:?}");
+    assert!(down.message().contains("cannot connect"), "the sidecar's reason is the grpc-message: {down:?}");
+    assert_eq!(down.metadata().get("x-weft-error").and_then(|v| v.to_str().ok()), Some("upstream_connect_failure"));
+
+    // No route for the method: NOT_FOUND, not the UNIMPLEMENTED a 404 maps to.
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = http::uri::PathAndQuery::from_static("/other.Service/Method");
+    let codec = tonic_prost::ProstCodec::<HealthCheckRequest, tonic_health::pb::HealthCheckResponse>::default();
+    let r = grpc.unary(tonic::Request::new(HealthCheckRequest::default()), path, codec).await.unwrap_err();
+    assert_eq!(r.code(), tonic::Code::NotFound, "{r:?}");
+    assert!(r.message().contains("has no route"), "{r:?}");
+
+    // The raw response: 200, application/grpc, grpc-status in the headers, no body.
+    let c = h2_client();
+    let req = http::Request::post(format!("http://{}/other.Service/Method", p.listener_addrs[0]))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(full(""))
+        .unwrap();
+    let resp = c.request(req).await.unwrap();
+    assert_eq!(resp.status(), http::StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "application/grpc");
+    assert_eq!(resp.headers()["grpc-status"], "5");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.is_empty(), "trailers-only: {body:?}");
+
+    // A plain HTTP request to the same place still gets the JSON error.
+    let (status, _, body) = get(&client(), p.listener_addrs[0], "s", "/other.Service/Method", &[]).await;
+    assert_eq!(status, http::StatusCode::NOT_FOUND);
+    assert!(String::from_utf8_lossy(&body).contains("\"no_route\""));
+}
+
 /// An upstream that answers before it has read the request (a 401 or 413 on a large upload)
 /// leaves the client still uploading: that connection must not be reused, or the next
 /// request waits behind the upload (here stalled, so it would wait for the route timeout).
