@@ -16,6 +16,7 @@ pub mod demo;
 pub mod experiments;
 pub mod fault;
 pub mod leader_loop;
+pub mod metrics;
 pub mod placements;
 pub mod publish;
 pub mod reports;

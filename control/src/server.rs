@@ -163,6 +163,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         rollouts: crate::rollouts::Engine::new(opts.rollout_interval),
         training: crate::training::Training::default(),
         spans,
+        requests: crate::metrics::Requests::default(),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = vec![
@@ -189,14 +190,24 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
 
     let ads = weft_xds::AdsServer::new(cache.clone()).into_service();
     let report_service = reports.service();
+    // grpc.health.v1 beside ADS, so load balancers and `grpc_health_probe` can check the xDS
+    // port itself: "" and the ADS service are SERVING while the port serves (it answers from
+    // the cache even without a leader), NOT_SERVING once shutdown begins.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    const ADS: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+    health.set_service_status("", tonic_health::ServingStatus::Serving).await;
+    health.set_service_status(ADS, tonic_health::ServingStatus::Serving).await;
     let mut s = stopped.clone();
     tasks.push(tokio::spawn(async move {
         let incoming = tonic::transport::server::TcpIncoming::from(xds_listener).with_nodelay(Some(true));
         let shutdown = async move {
             let _ = s.wait_for(|v| *v).await;
+            health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+            health.set_service_status(ADS, tonic_health::ServingStatus::NotServing).await;
         };
         let server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(health_service)
             .add_service(ads)
             .add_service(report_service)
             .serve_with_incoming_shutdown(incoming, shutdown);

@@ -225,6 +225,11 @@ async fn serve<M: Mode>(
                         connection.insert(Connection::open(cache, id))
                     }
                 };
+                if let Err(status) = crate::stream::check_type(M::type_url(&request)) {
+                    cache.unknown_type();
+                    tracing::warn!(node = %connection.node_id, type_url = M::type_url(&request), "refused a subscription to a type this control plane does not serve");
+                    return Err(status);
+                }
                 let snapshot = snapshots.borrow().clone();
                 let reply = state.on_request(request, &snapshot, &connection.prior)?;
                 if let Some(feedback) = reply.feedback {

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -207,13 +208,34 @@ struct Inner {
     nodes: Mutex<BTreeMap<String, NodeStatus>>,
     debounce: Duration,
     observer: std::sync::OnceLock<Arc<dyn Observer>>,
+    counters: AtomicCounters,
+}
+
+#[derive(Default)]
+struct AtomicCounters {
+    pushes: AtomicU64,
+    acks: AtomicU64,
+    nacks: AtomicU64,
+    unknown_types: AtomicU64,
+}
+
+/// Totals since start, for the control plane's `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Responses sent (one per type per push).
+    pub pushes: u64,
+    pub acks: u64,
+    pub nacks: u64,
+    /// Requests for a type URL this server does not serve (answered with an error).
+    pub unknown_types: u64,
 }
 
 impl Cache {
     /// A cache whose streams coalesce revisions set within `debounce` of each other.
     pub fn new(debounce: Duration) -> Self {
         let (snapshot, _) = watch::channel(Arc::new(Snapshot::default()));
-        Cache { inner: Arc::new(Inner { snapshot, nodes: Mutex::default(), debounce, observer: std::sync::OnceLock::new() }) }
+        let observer = std::sync::OnceLock::new();
+        Cache { inner: Arc::new(Inner { snapshot, nodes: Mutex::default(), debounce, observer, counters: AtomicCounters::default() }) }
     }
 
     /// Publishes the resources of `revision` and wakes every stream.
@@ -274,7 +296,23 @@ impl Cache {
         self.inner.observer.set(o).is_ok()
     }
 
+    /// Push, ACK and NACK totals since start.
+    pub fn counters(&self) -> Counters {
+        let c = &self.inner.counters;
+        Counters {
+            pushes: c.pushes.load(Ordering::Relaxed),
+            acks: c.acks.load(Ordering::Relaxed),
+            nacks: c.nacks.load(Ordering::Relaxed),
+            unknown_types: c.unknown_types.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn unknown_type(&self) {
+        self.inner.counters.unknown_types.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn pushed(&self, node_id: &str, type_url: &str, version: &str) {
+        self.inner.counters.pushes.fetch_add(1, Ordering::Relaxed);
         if let Some(o) = self.inner.observer.get() {
             o.pushed(node_id, type_url, version);
         }
@@ -284,6 +322,11 @@ impl Cache {
         if let Some(o) = self.inner.observer.get() {
             o.answered(node_id, &feedback);
         }
+        let counter = match feedback {
+            Feedback::Ack { .. } => &self.inner.counters.acks,
+            Feedback::Nack { .. } => &self.inner.counters.nacks,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         let mut nodes = self.nodes();
         let status = nodes.entry(node_id.to_owned()).or_default();
         match feedback {

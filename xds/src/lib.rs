@@ -24,4 +24,4 @@ pub mod transport;
 pub mod typeurl;
 
 pub use ads_server::AdsServer;
-pub use cache::{Cache, Resources, Snapshot};
+pub use cache::{Cache, Counters, Resources, Snapshot};

@@ -32,3 +32,10 @@ type_urls! {
     /// `weft.v1.Placement` (reserved for the scheduler).
     PLACEMENT => "Placement",
 }
+
+/// Whether this server serves `type_url`: a subscription to anything else is refused with an
+/// error the client sees, rather than answered with nothing (which looks like an empty,
+/// healthy config).
+pub fn served(type_url: &str) -> bool {
+    ALL.contains(&type_url)
+}

@@ -10,6 +10,7 @@
 //! - `rollout`: an experiment's per-variant numbers and its rollout; operator commands.
 //! - `training`: a training job's shard map; scaling its workers.
 //! - `openapi`: the OpenAPI document.
+//! - `health`: `/metrics`, `/healthz`, `/readyz`, and the request counter layer.
 //!
 //! Requests pass two layers before a handler: `authorize` (role by method and path) and
 //! `leader_gate` (forward to the leader when this node is not it). Every error is JSON,
@@ -20,6 +21,7 @@ mod autoscale;
 mod cluster;
 mod crud;
 pub mod forward;
+mod health;
 mod openapi;
 mod rollout;
 mod training;
@@ -68,6 +70,8 @@ pub struct AppState {
     pub training: crate::training::Training,
     /// Trace spans of writes, commits, pushes and ACKs (`--otlp-endpoint`).
     pub spans: Arc<crate::spans::Spans>,
+    /// API requests by route and status, for `/metrics`.
+    pub requests: crate::metrics::Requests,
 }
 
 impl AppState {
@@ -156,7 +160,7 @@ fn needed_role(method: &Method, path: &str) -> Role {
 }
 
 async fn authorize(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if req.uri().path() == "/openapi.json" {
+    if req.uri().path() == "/openapi.json" || health::OPEN_PATHS.contains(&req.uri().path()) {
         return next.run(req).await;
     }
     let needed = needed_role(req.method(), req.uri().path());
@@ -255,6 +259,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY));
     let api = Router::new()
         .route("/openapi.json", get(openapi::document))
+        .route("/metrics", get(health::metrics))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
         .route("/v1/status", get(cluster::status))
         .route("/v1/members", get(cluster::members).post(cluster::add_member))
         .route("/v1/members/{id}", axum::routing::delete(cluster::remove_member))
@@ -280,6 +287,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), leader_gate))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), health::count))
         .with_state(state)
 }
 

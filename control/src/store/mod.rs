@@ -180,6 +180,8 @@ pub struct Node {
     raft: ConfigRaft,
     state: StateMachineStore,
     proposer: propose::Proposer,
+    /// Every write's latency, for `/metrics`.
+    writes: crate::metrics::Histogram,
     /// Tracks the storage copies openraft owns: openraft's background tasks may outlive
     /// `Raft::shutdown` by a moment, and redb refuses a second open while they hold the file.
     lease: std::sync::Weak<()>,
@@ -222,6 +224,7 @@ impl Node {
         Ok(Self {
             id,
             proposer: propose::Proposer::start(raft.clone()),
+            writes: crate::metrics::Histogram::default(),
             raft,
             state: store.state_machine(),
             lease: weak,
@@ -350,7 +353,15 @@ impl Node {
     /// value already stored keeps the old revision (see the state machine).
     /// Concurrent writes share log entries (see `propose`).
     pub async fn write_changed(&self, cmd: Command) -> Result<(u64, bool), StoreError> {
-        self.proposer.write(cmd).await
+        let start = std::time::Instant::now();
+        let r = self.proposer.write(cmd).await;
+        self.writes.record(start.elapsed());
+        r
+    }
+
+    /// The latency of every write through this node (committed or not).
+    pub fn write_latency(&self) -> &crate::metrics::Histogram {
+        &self.writes
     }
 
     /// Waits until this node can serve a linearizable read (it is leader, confirmed by a

@@ -97,9 +97,7 @@ impl<M: Mode> AdsStream<M> {
         prior: &NodeStatus,
     ) -> Result<Reply<M::Response>, Status> {
         let type_url = M::type_url(&request).to_owned();
-        if type_url.is_empty() {
-            return Err(Status::invalid_argument("request has no type_url"));
-        }
+        check_type(&type_url)?;
         let state = match self.types.entry(type_url.clone()) {
             MapEntry::Occupied(e) => e.into_mut(),
             MapEntry::Vacant(e) => e.insert(M::open(&mut request, prior.nacked.get(&type_url).map(|n| n.version))),
@@ -114,6 +112,21 @@ impl<M: Mode> AdsStream<M> {
         let nonces = &mut self.nonces;
         self.types.iter_mut().filter_map(|(url, state)| M::push(state, url, snapshot, nonces)).collect()
     }
+}
+
+/// Refuses a request for a type URL this server does not serve (or none), naming the types it
+/// does. The stream ends with this status, which an Envoy logs as a config stream error.
+pub fn check_type(type_url: &str) -> Result<(), Status> {
+    if type_url.is_empty() {
+        return Err(Status::invalid_argument("request has no type_url"));
+    }
+    if !crate::typeurl::served(type_url) {
+        return Err(Status::invalid_argument(format!(
+            "type URL {type_url:?} is not served by this control plane; it serves: {}",
+            crate::typeurl::ALL.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// Nonces unique within a stream (a nonce only has to identify a response on its stream).

@@ -309,4 +309,16 @@ mod tests {
         let err = st.on_request(request("", "", ""), &Snapshot::default(), &NodeStatus::default()).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
     }
+
+    /// The fault Envoy users hit: a type this server does not serve was answered with an empty
+    /// success at version "0", so the client looked healthy holding no config.
+    #[test]
+    fn a_type_this_server_does_not_serve_is_an_error_not_an_empty_success() {
+        let mut st = SotwStream::default();
+        let made_up = "type.googleapis.com/example.v1.Nothing";
+        let s1 = snapshot(&Snapshot::default(), 1, &[("a", "1")], &[]);
+        let err = st.on_request(request(made_up, "", ""), &s1, &NodeStatus::default()).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains(made_up) && err.message().contains(CLUSTER), "{}", err.message());
+    }
 }
