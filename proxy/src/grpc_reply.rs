@@ -11,9 +11,13 @@ use http::header::CONTENT_TYPE;
 /// Whether a request is a gRPC call (`application/grpc`, `application/grpc+proto`, ...).
 /// gRPC-Web (`application/grpc-web`) is not: its status travels in the body.
 pub fn is_grpc(headers: &HeaderMap) -> bool {
-    headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|ct| {
-        let ct = ct.trim().to_ascii_lowercase();
-        ct == "application/grpc" || ct.starts_with("application/grpc+") || ct.starts_with("application/grpc;")
+    // Called for every request: no allocation, one header lookup.
+    const GRPC: &[u8] = b"application/grpc";
+    headers.get(CONTENT_TYPE).is_some_and(|v| {
+        let ct = v.as_bytes().trim_ascii();
+        ct.len() >= GRPC.len()
+            && ct[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+            && matches!(ct.get(GRPC.len()), None | Some(b'+' | b';'))
     })
 }
 

@@ -68,9 +68,10 @@ impl Dynamic {
             typeurl::EXPERIMENT => diff(&self.experiments, &other.experiments, |e| &e.name),
             typeurl::SERVICE => diff(&self.services, &other.services, |s| &s.name),
             typeurl::ENDPOINTS => {
-                let a: Vec<(String, Vec<String>)> = self.endpoints.clone().into_iter().collect();
-                let b: Vec<(String, Vec<String>)> = other.endpoints.clone().into_iter().collect();
-                diff(&a, &b, |e| &e.0)
+                let (a, b) = (&self.endpoints, &other.endpoints);
+                let mut out: Vec<String> = b.iter().filter(|(n, e)| a.get(*n) != Some(*e)).map(|(n, _)| n.clone()).collect();
+                out.extend(a.keys().filter(|n| !b.contains_key(*n)).cloned());
+                out
             }
             _ => Vec::new(),
         }

@@ -148,7 +148,7 @@ impl State {
         }
         let total = pending.len();
         let mut applied = None;
-        let mut errors: Vec<(String, String)> = Vec::new();
+        let mut errors: Vec<String> = Vec::new();
         loop {
             let before = pending.len();
             errors.clear();
@@ -161,7 +161,7 @@ impl State {
                         false
                     }
                     Err(e) => {
-                        errors.push((name.clone(), e));
+                        errors.push(e);
                         true
                     }
                 }
@@ -174,10 +174,8 @@ impl State {
             // Every change passed (some only after others): what is served now is the push.
             return (applied, Ok(()));
         }
-        let list: Vec<String> = errors.into_iter().map(|(_, e)| e).collect();
-        let refused = list.len();
-        let kept = total - refused;
-        (applied, Err(format!("{} ({refused} of {total} changed resources refused, {kept} applied)", list.join("; "))))
+        let (refused, kept) = (errors.len(), total - errors.len());
+        (applied, Err(format!("{} ({refused} of {total} changed resources refused, {kept} applied)", errors.join("; "))))
     }
 
     /// What is served, with the responses `which` of `batch` in place of their types. They
