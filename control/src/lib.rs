@@ -4,6 +4,7 @@
 //! - `transport`: Raft RPCs between nodes (HTTP + JSON on the API listener).
 //! - `resources`: resource kinds, spec validation (the proxy's own rules), state → xDS (pure).
 //! - `api`: the REST API (auth, leader forwarding, CRUD, members, proxy status, OpenAPI).
+//! - `envoy`: weft's resources as Envoy v3 Listener/RouteConfiguration/Cluster/ClusterLoadAssignment (pure).
 //! - `publish`: committed state → the xDS cache, on every apply.
 //! - `server`: a running node (listeners, Raft, publisher, join); the binary wraps it.
 //! - `reports`: sidecar registrations, heartbeats (→ fault detection) and load reports.
@@ -13,6 +14,7 @@ pub mod api;
 pub mod autoscaler;
 pub mod cli;
 pub mod demo;
+pub mod envoy;
 pub mod experiments;
 pub mod fault;
 pub mod leader_loop;

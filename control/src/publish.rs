@@ -25,6 +25,11 @@ pub struct Publisher {
 }
 
 impl Publisher {
+    /// A publisher whose Envoy listener binds `envoy_listener` (see [`crate::envoy`]).
+    pub fn new(envoy_listener: std::net::SocketAddr) -> Self {
+        Publisher { builder: XdsBuilder::new(envoy_listener), ..Default::default() }
+    }
+
     /// Brings the mirror up to date and publishes it. Returns the revision published.
     #[allow(clippy::result_large_err)] // StoreError wraps openraft's StorageError unchanged
     pub fn publish(&mut self, node: &Node, cache: &weft_xds::Cache) -> Result<u64, StoreError> {
@@ -75,9 +80,9 @@ impl Publisher {
 const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Runs until the node shuts down: publishes whenever the applied index moves.
-pub async fn run(node: Arc<Node>, cache: weft_xds::Cache) {
+pub async fn run(node: Arc<Node>, cache: weft_xds::Cache, envoy_listener: std::net::SocketAddr) {
     let mut metrics = node.raft().metrics();
-    let mut publisher = Publisher::default();
+    let mut publisher = Publisher::new(envoy_listener);
     let mut published = 0;
     let mut last = tokio::time::Instant::now() - MIN_INTERVAL;
     loop {

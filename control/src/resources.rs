@@ -19,6 +19,7 @@ use weft_xds::resources::{to_any, v1};
 use weft_xds::transport::Any;
 use weft_xds::{Resources, typeurl};
 
+use crate::envoy;
 use crate::store::Resource;
 
 /// A resource kind, named as in the URL (`/v1/services`) and in YAML (`kind: Service`).
@@ -441,6 +442,17 @@ struct Converted {
     revision: u64,
     body: Option<(&'static str, String, Any)>,
     endpoints: Option<(String, Vec<v1::Endpoint>)>,
+    /// The same resource for Envoy clients, when it maps onto one resource of its own
+    /// (a cluster); services and experiments are kept parsed for the route configuration.
+    envoy: Option<(&'static str, String, Any)>,
+    routing: Option<Routing>,
+}
+
+/// A service or experiment as parsed, for the Envoy route configuration they make together.
+#[derive(Debug, Clone)]
+enum Routing {
+    Service(config::Service),
+    Experiment(config::Experiment),
 }
 
 fn endpoint(address: &str, variant: &str, labels: &BTreeMap<String, String>) -> v1::Endpoint {
@@ -462,6 +474,7 @@ fn convert(r: &Resource) -> Converted {
                 let eps = cl.endpoints.iter().map(|a| endpoint(a, "", &BTreeMap::new())).collect();
                 c.endpoints = Some((cl.name.clone(), eps));
                 c.body = Some((typeurl::CLUSTER, cl.name.clone(), to_any(&encode::cluster(&cl))));
+                c.envoy = Some((typeurl::envoy::CLUSTER, cl.name.clone(), envoy::cluster(&cl)));
             }
         }
         "endpoints" => {
@@ -483,11 +496,13 @@ fn convert(r: &Resource) -> Converted {
         "experiments" => {
             if let Ok(e) = serde_json::from_str::<config::Experiment>(&r.value_json) {
                 c.body = Some((typeurl::EXPERIMENT, e.name.clone(), to_any(&encode::experiment(&e))));
+                c.routing = Some(Routing::Experiment(e));
             }
         }
         "services" => {
             if let Ok(sv) = serde_json::from_str::<config::Service>(&r.value_json) {
                 c.body = Some((typeurl::SERVICE, sv.name.clone(), to_any(&encode::service(&sv))));
+                c.routing = Some(Routing::Service(sv));
             }
         }
         "shardmaps" => {
@@ -518,28 +533,48 @@ fn convert(r: &Resource) -> Converted {
 /// registrations), so every control node labels the same state the same way. The cache keeps
 /// an entry's old version while its body is unchanged, so editing a cluster's load-balancing
 /// settings does not push its (unchanged) endpoints to every sidecar again.
-#[derive(Default)]
+///
+/// Alongside weft's own resources it builds the Envoy v3 ones ([`envoy`]); the one route
+/// configuration is rebuilt only when a service or experiment changed.
 pub struct XdsBuilder {
     memo: std::collections::HashMap<(String, String), Converted>,
+    envoy_listener: Any,
+    /// The Envoy route configuration of the services and experiments last seen.
+    envoy_routes: Option<Any>,
+}
+
+impl Default for XdsBuilder {
+    fn default() -> Self {
+        XdsBuilder::new(envoy::DEFAULT_LISTENER_ADDRESS.parse().expect("a socket address"))
+    }
 }
 
 impl XdsBuilder {
+    /// A builder whose Envoy listener binds `envoy_listener`.
+    pub fn new(envoy_listener: std::net::SocketAddr) -> Self {
+        XdsBuilder { memo: Default::default(), envoy_listener: envoy::listener(envoy_listener), envoy_routes: None }
+    }
+
     /// `resources` must come in `(kind, name)` order (as the store and the publisher's mirror
     /// keep them), which fixes the order of merged endpoints.
     pub fn build<'a>(&mut self, resources: impl IntoIterator<Item = &'a Resource>) -> Resources {
         let mut out = Resources::new();
         let mut endpoints: BTreeMap<String, (u64, Vec<v1::Endpoint>)> = BTreeMap::new();
         let mut seen = std::collections::HashSet::new();
+        let mut routing = Vec::new();
+        let mut routes_changed = self.envoy_routes.is_none();
         for r in resources {
             let key = (r.kind.clone(), r.name.clone());
             let c = match self.memo.get(&key) {
                 Some(c) if c.revision == r.revision => c,
                 _ => {
-                    self.memo.insert(key.clone(), convert(r));
+                    let c = convert(r);
+                    routes_changed |= c.routing.is_some() || self.memo.get(&key).is_some_and(|old| old.routing.is_some());
+                    self.memo.insert(key.clone(), c);
                     &self.memo[&key]
                 }
             };
-            if let Some((url, name, any)) = &c.body {
+            for (url, name, any) in c.body.iter().chain(&c.envoy) {
                 out.insert_versioned(url, name, c.revision, any.clone());
             }
             if let Some((cluster, eps)) = &c.endpoints {
@@ -547,16 +582,47 @@ impl XdsBuilder {
                 slot.0 = slot.0.max(c.revision);
                 slot.1.extend(eps.iter().cloned());
             }
+            if c.routing.is_some() {
+                routing.push(key.clone());
+            }
             seen.insert(key);
         }
-        self.memo.retain(|k, _| seen.contains(k));
+        self.memo.retain(|k, c| {
+            let keep = seen.contains(k);
+            routes_changed |= !keep && c.routing.is_some();
+            keep
+        });
         for (cluster, (revision, eps)) in endpoints {
             let mut addrs = BTreeSet::new();
             let eps: Vec<_> = eps.into_iter().filter(|e| addrs.insert(e.address.clone())).collect();
+            out.insert_versioned(typeurl::envoy::CLUSTER_LOAD_ASSIGNMENT, &cluster, revision, envoy::load_assignment(&cluster, &eps));
             let res = v1::Endpoints { cluster_name: cluster.clone(), endpoints: eps };
             out.insert_versioned(typeurl::ENDPOINTS, &cluster, revision, to_any(&res));
         }
+        if routes_changed {
+            self.envoy_routes = Some(self.envoy_route_configuration(&routing));
+        }
+        if let Some(routes) = &self.envoy_routes {
+            out.insert(typeurl::envoy::ROUTE_CONFIGURATION, envoy::ROUTE_CONFIG, routes.clone());
+        }
+        out.insert(typeurl::envoy::LISTENER, envoy::LISTENER, self.envoy_listener.clone());
         out
+    }
+
+    /// The services and experiments among `keys` (in store order) as Envoy's routes.
+    fn envoy_route_configuration(&self, keys: &[(String, String)]) -> Any {
+        let mut services = Vec::new();
+        let mut experiments = BTreeMap::new();
+        for key in keys {
+            match &self.memo[key].routing {
+                Some(Routing::Service(s)) => services.push(s),
+                Some(Routing::Experiment(e)) => {
+                    experiments.insert(e.name.as_str(), e);
+                }
+                None => {}
+            }
+        }
+        envoy::route_configuration(services, &experiments)
     }
 }
 

@@ -47,6 +47,8 @@ pub struct Options {
     /// OTLP/gRPC collector for the control plane's trace spans (`None` = no export).
     pub otlp_endpoint: Option<String>,
     pub otlp_sample_ratio: f64,
+    /// Where the Listener served to stock Envoy clients binds (in Envoy's network namespace).
+    pub envoy_listener: SocketAddr,
 }
 
 impl Options {
@@ -68,6 +70,7 @@ impl Options {
             rollout_interval: crate::rollouts::DEFAULT_INTERVAL,
             otlp_endpoint: None,
             otlp_sample_ratio: 1.0,
+            envoy_listener: crate::envoy::DEFAULT_LISTENER_ADDRESS.parse().expect("a socket address"),
         }
     }
 }
@@ -216,11 +219,11 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         }
     }));
 
-    let (n, c) = (node.clone(), cache.clone());
+    let (n, c, envoy_listener) = (node.clone(), cache.clone(), opts.envoy_listener);
     let mut s = stopped.clone();
     tasks.push(tokio::spawn(async move {
         tokio::select! {
-            _ = crate::publish::run(n, c) => {}
+            _ = crate::publish::run(n, c, envoy_listener) => {}
             _ = s.wait_for(|v| *v) => {}
         }
     }));

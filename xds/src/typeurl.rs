@@ -33,9 +33,21 @@ type_urls! {
     PLACEMENT => "Placement",
 }
 
+/// The standard Envoy v3 resources weft-control generates from weft's own, for stock Envoy
+/// clients (LDS, RDS, CDS, EDS over ADS).
+pub mod envoy {
+    pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+    pub const ROUTE_CONFIGURATION: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+    pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    pub const CLUSTER_LOAD_ASSIGNMENT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+    /// In the order Envoy warms them: clusters and their endpoints before the listeners
+    /// and routes that use them.
+    pub const ALL: &[&str] = &[CLUSTER, CLUSTER_LOAD_ASSIGNMENT, LISTENER, ROUTE_CONFIGURATION];
+}
+
 /// Whether this server serves `type_url`: a subscription to anything else is refused with an
 /// error the client sees, rather than answered with nothing (which looks like an empty,
 /// healthy config).
 pub fn served(type_url: &str) -> bool {
-    ALL.contains(&type_url)
+    ALL.contains(&type_url) || envoy::ALL.contains(&type_url)
 }

@@ -67,6 +67,10 @@ struct Args {
     /// Share of new traces exported (a caller's `traceparent` sampled flag is followed).
     #[arg(long, default_value_t = 1.0)]
     otlp_sample_ratio: f64,
+    /// Address of the Listener served to stock Envoy clients of the xDS port (LDS/RDS/CDS/EDS
+    /// generated from weft's resources); it binds in Envoy's own network namespace.
+    #[arg(long, default_value = weft_control::envoy::DEFAULT_LISTENER_ADDRESS)]
+    envoy_listener: SocketAddr,
     /// Log filter (RUST_LOG syntax).
     /// (openraft's per-retry replication errors are off by default: a down peer is logged once
     /// when it goes and once when it returns.)
@@ -108,6 +112,7 @@ fn main() -> anyhow::Result<()> {
     opts.rollout_interval = Duration::from_secs_f64(args.rollout_interval_s);
     opts.otlp_endpoint = args.otlp_endpoint.clone();
     opts.otlp_sample_ratio = args.otlp_sample_ratio;
+    opts.envoy_listener = args.envoy_listener;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
         let running = server::start(opts).await?;
         wait_for_signal().await;

@@ -75,14 +75,11 @@ impl State {
 
         // Everything at once: the common case, one swap.
         let all = self.with(batch, open.iter().copied());
-        match self.try_apply(all, &mut apply) {
-            Ok(v) => {
-                applied = v.or(applied);
-                open.iter().for_each(|&i| verdicts[i] = Some(Ok(())));
-                open.clear();
-            }
-            // One type alone: the pass below tries it again, then resource by resource.
-            Err(_) => {}
+        // On failure the passes below try again with fewer types, then resource by resource.
+        if let Ok(v) = self.try_apply(all, &mut apply) {
+            applied = v.or(applied);
+            open.iter().for_each(|&i| verdicts[i] = Some(Ok(())));
+            open.clear();
         }
 
         // All but one: a change spanning types (a cluster renamed and the route moved to it)

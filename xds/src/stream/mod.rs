@@ -123,7 +123,7 @@ pub fn check_type(type_url: &str) -> Result<(), Status> {
     if !crate::typeurl::served(type_url) {
         return Err(Status::invalid_argument(format!(
             "type URL {type_url:?} is not served by this control plane; it serves: {}",
-            crate::typeurl::ALL.join(", ")
+            crate::typeurl::ALL.iter().chain(crate::typeurl::envoy::ALL).copied().collect::<Vec<_>>().join(", ")
         )));
     }
     Ok(())
