@@ -176,6 +176,20 @@ pub async fn get(c: &HttpClient, addr: SocketAddr, host: &str, path: &str, heade
     (parts.status, parts.headers, body.collect().await.map(|c| c.to_bytes()).unwrap_or_default())
 }
 
+/// The body of a GET to `addr{path}` with `Host: host`; "" when it is not a 200 or nothing
+/// answers within 5 s (a proxy restarting, a route not pushed yet), so callers can poll.
+pub async fn body_if_ok(c: &HttpClient, addr: SocketAddr, host: &str, path: &str) -> String {
+    let req = Request::get(format!("http://{addr}{path}")).header("host", host).body(full("")).unwrap();
+    let Ok(Ok(resp)) = tokio::time::timeout(std::time::Duration::from_secs(5), c.request(req)).await else {
+        return String::new();
+    };
+    if resp.status() != StatusCode::OK {
+        return String::new();
+    }
+    let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    String::from_utf8_lossy(&body).into_owned()
+}
+
 /// Fetch an admin path as text.
 pub async fn admin_get(addr: SocketAddr, path: &str) -> (StatusCode, String) {
     let c = client();

@@ -17,16 +17,7 @@ use weft_tests::*;
 /// Body of a GET to service `s` through a sidecar; "" when it is not a 200 or the sidecar
 /// does not answer (e.g. while it restarts).
 async fn upstream_of(c: &HttpClient, addr: SocketAddr) -> String {
-    let req = http::Request::get(format!("http://{addr}/")).header("host", "s").body(full("")).unwrap();
-    let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await else {
-        return String::new();
-    };
-    if resp.status() != StatusCode::OK {
-        return String::new();
-    }
-    use http_body_util::BodyExt;
-    let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-    String::from_utf8_lossy(&body).into_owned()
+    body_if_ok(c, addr, "s", "/").await
 }
 
 /// Waits until traffic reaches `name`, then checks that 20 requests in a row do.

@@ -71,16 +71,7 @@ async fn put(c: &HttpClient, node: SocketAddr, path: &str, spec: Value) {
 
 /// The body of one request for host `s` through Envoy; "" unless a 200.
 async fn served_by(c: &HttpClient, listener: SocketAddr) -> String {
-    let req = http::Request::get(format!("http://{listener}/v1/chat")).header("host", "s:80").body(full("")).unwrap();
-    let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await else {
-        return String::new();
-    };
-    if resp.status() != StatusCode::OK {
-        return String::new();
-    }
-    use http_body_util::BodyExt;
-    let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-    String::from_utf8_lossy(&body).into_owned()
+    body_if_ok(c, listener, "s:80", "/v1/chat").await
 }
 
 async fn envoy_routes_the_split(api_type: &str) {
