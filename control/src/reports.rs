@@ -52,6 +52,8 @@ struct Sidecar {
     /// The `healthy` value of that write.
     healthy: bool,
     streams: u32,
+    /// When its last report stream closed (this node's ms), while none is open.
+    closed_ms: Option<u64>,
     load: BTreeMap<String, Load>,
     /// A training sidecar's last report of its trainer, and when it arrived (this node's ms).
     training: Option<(v1::TrainingReport, u64)>,
@@ -62,6 +64,8 @@ struct Sidecar {
 pub struct SidecarView {
     pub registration: Option<Registration>,
     pub reporting: bool,
+    /// How long ago its last report stream closed, while none is open.
+    pub disconnected_ms: Option<u64>,
     pub phi: Option<f64>,
     pub load: BTreeMap<String, Load>,
     /// A training sidecar's view of its trainer (`age_ms` = how old the report is).
@@ -167,6 +171,7 @@ impl Tracker {
                     // As last written through Raft (what sidecars are told), not as reported.
                     registration: s.registration.clone().map(|r| Registration { healthy: s.healthy || s.written == 0, ..r }),
                     reporting: s.streams > 0,
+                    disconnected_ms: s.closed_ms.filter(|_| s.streams == 0).map(|at| now.saturating_sub(at)),
                     phi: inner.detector.phi(id, now),
                     load: s.load.clone(),
                     training: s.training.as_ref().map(|(t, at)| worker_state(t, now.saturating_sub(*at))),
@@ -277,12 +282,19 @@ impl Tracker {
     }
 
     fn stream_opened(&self, node_id: &str) {
-        self.inner.lock().unwrap().sidecars.entry(node_id.to_owned()).or_default().streams += 1;
+        let mut inner = self.inner.lock().unwrap();
+        let s = inner.sidecars.entry(node_id.to_owned()).or_default();
+        s.streams += 1;
+        s.closed_ms = None;
     }
 
     fn stream_closed(&self, node_id: &str) {
+        let now = self.now_ms();
         if let Some(s) = self.inner.lock().unwrap().sidecars.get_mut(node_id) {
             s.streams = s.streams.saturating_sub(1);
+            if s.streams == 0 {
+                s.closed_ms = Some(now);
+            }
         }
     }
 

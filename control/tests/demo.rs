@@ -78,8 +78,8 @@ fn demo_quick_run_prints_the_report_and_writes_the_html() {
     let dir = tempfile::tempdir().unwrap();
     let html = dir.path().join("report.html");
     let out = Command::new(WEFT)
-        .args(["demo", "--seconds", "4", "--warmup", "1", "--concurrency", "4", "--listen-base", &base.to_string(), "--report"])
-        .arg(&html)
+        // Relative: the report line then prints where it is, whatever directory reads it.
+        .args(["demo", "--seconds", "4", "--warmup", "1", "--concurrency", "4", "--listen-base", &base.to_string(), "--report", "report.html"])
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -90,6 +90,8 @@ fn demo_quick_run_prints_the_report_and_writes_the_html() {
     }
     // The split is sticky by x-user-id through the real sidecars: no user reached both variants.
     assert!(stdout.contains("users saw one variant only"), "{stdout}");
+    let shown = format!("HTML report with the latency chart: {}\n", html.display());
+    assert!(stdout.contains(&shown), "the report's absolute path {shown:?} missing from:\n{stdout}");
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("<svg") && page.matches("<polyline").count() == 2, "{page}");
     assert_eq!(leftovers(base), Vec::<String>::new());

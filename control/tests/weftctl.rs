@@ -260,6 +260,24 @@ async fn get_history_rollback_weights_delete_round_trip() {
     let out = ok(url, &["experiment", "set-weights", "chat-ab", "a=90", "b=10"]).await;
     assert!(out.contains("a=90 (90%) b=10 (10%)"), "{out}");
 
+    // get without a kind lists the kinds, with counts.
+    let t = ok(url, &["get"]).await;
+    let row = |k: &str| t.lines().find(|l| l.split_whitespace().next() == Some(k)).map(|l| l.split_whitespace().nth(1).unwrap().to_string());
+    assert_eq!(t.lines().next().unwrap().split_whitespace().collect::<Vec<_>>(), ["KIND", "COUNT", "WRITTEN", "BY"]);
+    assert_eq!((row("clusters").as_deref(), row("services").as_deref(), row("rollouts").as_deref()), (Some("2"), Some("1"), Some("0")), "{t}");
+
+    // describe: spec, history, who runs it (nobody is connected here).
+    let d = ok(url, &["describe", "experiment", "chat-ab"]).await;
+    assert!(d.starts_with("Kind:      Experiment\nName:      chat-ab\n"), "{d}");
+    assert!(d.contains("\nSpec:\n") && d.contains("weight: 90"), "{d}");
+    assert!(d.contains("History (5 revisions, newest first):"), "{d}");
+    let newest = d.split("newest first):\n").nth(1).unwrap().lines().nth(1).unwrap();
+    assert!(newest.contains("a=90 (90%) b=10 (10%)"), "each revision summarized: {d}");
+    assert!(d.contains("Sidecars:\n  none subscribes to it\n"), "{d}");
+    let dj = json(url, &["describe", "experiment", "chat-ab"]).await;
+    assert_eq!(dj["item"]["spec"]["variants"][0]["weight"], 90);
+    assert_eq!(ctl(url, &["describe", "experiment", "nope"], None).await.code, 1);
+
     // delete, then the history ends in a deletion.
     let out = ok(url, &["delete", "service", "chat"]).await;
     assert!(out.starts_with("service/chat deleted (revision "), "{out}");
@@ -291,7 +309,7 @@ async fn cluster_commands_and_server_failover() {
     let t = ok(url, &["proxy-status"]).await;
     assert_eq!(
         t.lines().next().unwrap().split_whitespace().collect::<Vec<_>>(),
-        ["NODE", "CONTROL", "CONNECTED", "CLUSTERS", "ENDPOINTS", "EXPERIMENTS", "SERVICES", "LAST", "NACK"]
+        ["NODE", "CONTROL", "CONNECTED", "CLUSTERS@REV", "ENDPOINTS@REV", "EXPERIMENTS@REV", "SERVICES@REV", "OTHER", "LAST", "NACK"]
     );
     assert!(json(url, &["proxy-status"]).await["items"].is_array());
 

@@ -85,7 +85,7 @@ async fn serve(sh: Arc<Shared>, listener: tokio::net::TcpListener, api: Api) {
 /// The read-only listener: probes and the scrape, nothing that changes or reveals config.
 fn route_read_only(sh: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
-        (&Method::GET, "/live" | "/ready" | "/metrics") => probe_or_scrape(sh, req.uri().path()),
+        (&Method::GET | &Method::HEAD, "/live" | "/ready" | "/metrics") => probe_or_scrape(sh, req.uri().path()),
         (_, "/live" | "/ready" | "/metrics") => not_allowed(req),
         (_, path) => json(
             StatusCode::NOT_FOUND,
@@ -109,10 +109,18 @@ fn probe_or_scrape(sh: &Shared, path: &str) -> Response<Full<Bytes>> {
 }
 
 fn not_allowed<B>(req: &Request<B>) -> Response<Full<Bytes>> {
-    json(
+    let path = req.uri().path();
+    let allow = match path {
+        "/drain" => "POST",
+        "/live" | "/ready" | "/metrics" => "GET, HEAD",
+        _ => "GET",
+    };
+    let mut r = json(
         StatusCode::METHOD_NOT_ALLOWED,
-        serde_json::json!({"error": "method_not_allowed", "message": format!("{} is not allowed on {}", req.method(), req.uri().path())}),
-    )
+        serde_json::json!({"error": "method_not_allowed", "message": format!("{} is not allowed on {path} (allowed: {allow})", req.method())}),
+    );
+    r.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static(allow));
+    r
 }
 
 /// The routes that wait (a training sidecar's long polls and its drain, which calls the
@@ -134,7 +142,7 @@ async fn route_async(sh: &Shared, req: Request<Incoming>) -> Response<Full<Bytes
 
 fn route(sh: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
-        (&Method::GET, "/live" | "/ready" | "/metrics") => probe_or_scrape(sh, req.uri().path()),
+        (&Method::GET | &Method::HEAD, "/live" | "/ready" | "/metrics") => probe_or_scrape(sh, req.uri().path()),
         (&Method::GET, "/config_dump") => json(StatusCode::OK, sh.snapshot.load().dump()),
         (&Method::GET, "/clusters") => {
             let snap = sh.snapshot.load();

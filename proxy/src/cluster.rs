@@ -102,6 +102,12 @@ pub struct ClusterStats {
     overflows: [AtomicU64; 5],
     pub in_flight: AtomicU64,
     pub budget_exhausted: AtomicU64,
+    /// Upgraded connections open now ([`crate::tunnel`]).
+    pub tunnels_active: AtomicU64,
+    /// Bytes tunnelled: towards the upstream, towards the client.
+    pub tunnel_bytes: [AtomicU64; 2],
+    /// Tunnels ended, by [`crate::tunnel::Close`].
+    pub tunnels_closed: [AtomicU64; 4],
 }
 
 /// A cluster's metrics are read at scrape time, so a cluster removed from the config leaves
@@ -121,7 +127,16 @@ impl crate::series::Live for Cluster {
             out.push(("weft_overflow_total", labels, n.load(Relaxed) as f64));
         }
         out.push(("weft_requests_in_flight", cl.clone(), st.in_flight.load(Relaxed) as f64));
-        out.push(("weft_retry_budget_exhausted_total", cl, st.budget_exhausted.load(Relaxed) as f64));
+        out.push(("weft_retry_budget_exhausted_total", cl.clone(), st.budget_exhausted.load(Relaxed) as f64));
+        out.push(("weft_tunnels_active", cl, st.tunnels_active.load(Relaxed) as f64));
+        for (d, n) in ["upstream", "downstream"].into_iter().zip(&st.tunnel_bytes) {
+            let labels = crate::series::label_pairs(&[("cluster", &self.name), ("direction", d)]);
+            out.push(("weft_tunnel_bytes_total", labels, n.load(Relaxed) as f64));
+        }
+        for (c, n) in crate::tunnel::Close::ALL.into_iter().zip(&st.tunnels_closed) {
+            let labels = crate::series::label_pairs(&[("cluster", &self.name), ("reason", c.as_str())]);
+            out.push(("weft_tunnels_closed_total", labels, n.load(Relaxed) as f64));
+        }
     }
 }
 

@@ -196,7 +196,7 @@ mod tests {
     #[test]
     fn request_headers_read_the_map_first_and_the_fields_it_does_not_hide() {
         let mut b = bytes::BytesMut::from(&b"HTTP/1.1 200 OK\r\nHost: a\r\nX-Tenant: t1\r\nSet-Cookie: 1\r\nset-cookie: 2\r\nX-Bin: caf\xc3\xa9\r\nContent-Length: 0\r\n\r\n"[..]);
-        let fields = crate::h1::codec::parse_response(&mut b, false).unwrap().unwrap().fields;
+        let fields = crate::h1::codec::parse_response(&mut b, false, false).unwrap().unwrap().fields;
         let mut h = ReqHeaders::new(HeaderMap::new(), Some(fields));
         let (tenant, cookie, host) = (HeaderName::from_static("x-tenant"), header::SET_COOKIE, header::HOST);
         assert_eq!(h.get_str(&tenant), Some("t1"));

@@ -79,6 +79,8 @@ async fn serve(
 ) -> Result<Response<RespBody>, Local> {
     let (mut parts, body) = req.into_parts();
     let mut headers = ReqHeaders::new(std::mem::take(&mut parts.headers), fields);
+    // A WebSocket handshake (weft's HTTP/1.1 server marks it): the protocol it asks for.
+    let upgrade = parts.extensions.get::<h1::UpgradeRequest>().and_then(|_| headers.get_shared(&header::UPGRADE));
     // Trace context first, so even a request answered locally gets its server span.
     let mut trace = telemetry::traceparent(headers.get(&TRACEPARENT));
     *span = otlp::start(&sh.telemetry, &parts, &headers, &mut trace, start);
@@ -132,6 +134,13 @@ async fn serve(
         }
     };
     labels.cluster = cluster.name.clone().into();
+    if upgrade.is_some() && cluster.endpoints.iter().any(|e| e.protocol == crate::config::UpstreamProtocol::Http2) {
+        return Err(Local::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "upgrade_unsupported",
+            format!("cluster {:?} speaks HTTP/2; an HTTP/1.1 Upgrade (WebSocket) needs an HTTP/1.1 cluster", &*cluster.name),
+        ));
+    }
     if let (Some(v), Some(e)) = (variant, experiment) {
         labels.experiment = e.name.clone().into();
         labels.variant = v.name.clone().into();
@@ -152,7 +161,8 @@ async fn serve(
 
     // 5. Prepare the upstream request; keep a bounded copy of the body if a retry or a shadow
     //    may need it.
-    let shadow = experiment.and_then(|e| e.shadow.as_ref()).filter(|s| rand::random::<f64>() < s.fraction);
+    // Not for a handshake: a copy could not be upgraded, so it would only load the shadow.
+    let shadow = experiment.and_then(|e| e.shadow.as_ref()).filter(|s| upgrade.is_none() && rand::random::<f64>() < s.fraction);
     prepare_headers(&mut headers, &authority, parts.uri.authority().is_some());
     let record_limit = route.retry.as_ref().map_or(0, |r| r.buffer_bytes).max(shadow.map_or(0, |s| s.max_body_bytes));
     let body = Prepared::new(body, record_limit);
@@ -173,6 +183,7 @@ async fn serve(
         traceparent: trace,
         variant: variant_header,
         span: span_fwd,
+        upgrade,
     };
     // Not boxed: hyper moves this whole future into its per-connection slot once per request
     // (a memcpy of ~2 KiB), which measured cheaper than allocating and freeing a box that size
@@ -195,6 +206,14 @@ async fn serve(
     strip_hop_by_hop(&mut rparts.headers);
     if let Some(v) = variant {
         rparts.headers.insert(X_WEFT_VARIANT.clone(), v.header.clone());
+    }
+    if rparts.status == StatusCode::SWITCHING_PROTOCOLS {
+        // The protocol the upstream switched to goes back with the `101`; the server then
+        // joins the connections (`crate::tunnel`).
+        if let Some(p) = incoming.fields().and_then(|f| f.get_shared("upgrade")).and_then(|p| HeaderValue::from_maybe_shared(p).ok()) {
+            rparts.headers.insert(header::UPGRADE, p);
+        }
+        rparts.extensions.insert(crate::tunnel::Settings { cluster: cluster.clone(), idle: route.idle_timeout });
     }
     sent.held.hand_over();
     let on_end = finish_on_end(sh, cluster, sent.ep, slot, std::mem::take(labels), start, sent.attempts - 1, &req_parts, ending);
@@ -246,6 +265,8 @@ pub(crate) struct ReqParts {
     pub variant: Option<HeaderValue>,
     /// The request's trace while OTLP export is on and it is sampled.
     pub span: Option<otlp::ReqSpan>,
+    /// The protocol a WebSocket handshake asks to switch to, asked of the upstream too.
+    pub upgrade: Option<Bytes>,
 }
 
 /// The request's header map outlives no exchange: its allocation goes to the next upstream
@@ -311,7 +332,7 @@ pub(crate) async fn send(
                 }
                 None => &[(&TRACEPARENT, &parts.traceparent[..])],
             };
-            let head = h1::Head { method: &parts.method, target, headers: &parts.headers, set };
+            let head = h1::Head { method: &parts.method, target, headers: &parts.headers, set, upgrade: parts.upgrade.as_deref() };
             Ok(conn.send(head, body, home).await?.map(UpBody::H1))
         }
     }
@@ -1036,6 +1057,7 @@ mod tests {
             traceparent: crate::telemetry::traceparent(None),
             variant: Some(HeaderValue::from_static("b")),
             span: None,
+            upgrade: None,
         };
         let req = parts.build_h2(ReqBody::full(Bytes::new()), false);
         assert_eq!(req.uri().to_string(), "http://svc:8080/public/infer?q=1");

@@ -405,6 +405,9 @@ pub(crate) const LIVE_FAMILIES: &[(&str, &str, &str)] = &[
         "Requests refused by a cluster threshold (max_requests, max_pending, max_connections, max_retries, breaker_open).",
     ),
     ("weft_retry_budget_exhausted_total", "counter", "Retries refused by the retry budget."),
+    ("weft_tunnels_active", "gauge", "Upgraded connections (WebSocket) open per cluster."),
+    ("weft_tunnel_bytes_total", "counter", "Bytes tunnelled over upgraded connections, by direction (upstream: client to server; downstream: back)."),
+    ("weft_tunnels_closed_total", "counter", "Upgraded connections ended, by reason (closed, idle_timeout, error, drain)."),
     ("weft_variant_requests_in_flight", "gauge", "Requests in flight per experiment variant (response streams included)."),
     ("weft_shed_total", "counter", "Requests shed by a variant's concurrency/pending limit."),
 ];

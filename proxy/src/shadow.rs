@@ -64,6 +64,7 @@ pub(crate) fn spawn(
         traceparent,
         variant: None,
         span: None,
+        upgrade: None,
     };
     let mut labels = primary.clone();
     labels.variant = s.variant.clone().into();

@@ -107,7 +107,20 @@ async fn the_metrics_listener_serves_probes_and_the_scrape_but_not_the_admin_api
     assert_eq!(client().request(post).await.unwrap().status(), 404);
     assert_eq!(admin_get(m, "/ready").await.0, 200, "a POST /drain to the metrics listener does not drain");
     let post = http::Request::post(format!("http://{m}/metrics")).body(full(bytes::Bytes::new())).unwrap();
-    assert_eq!(client().request(post).await.unwrap().status(), 405);
+    let refused = client().request(post).await.unwrap();
+    assert_eq!(refused.status(), 405);
+    assert_eq!(refused.headers()["allow"], "GET, HEAD");
+    // HEAD (uptime checkers, Prometheus' own probes) answers as GET would, without the body;
+    // on both listeners.
+    for at in [m, p.admin_addr] {
+        for path in ["/metrics", "/ready", "/live"] {
+            let head = http::Request::head(format!("http://{at}{path}")).body(full(bytes::Bytes::new())).unwrap();
+            let resp = client().request(head).await.unwrap();
+            assert_eq!(resp.status(), 200, "HEAD {path} on {at}");
+            use http_body_util::BodyExt;
+            assert!(resp.into_body().collect().await.unwrap().to_bytes().is_empty());
+        }
+    }
     // The admin API shows the bound address; a reload may not move it.
     let dump: serde_json::Value = serde_json::from_str(&admin_get(p.admin_addr, "/config_dump").await.1).unwrap();
     assert_eq!(dump["config"]["admin"]["metrics_address"], m.to_string().as_str());

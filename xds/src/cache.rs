@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -178,6 +178,18 @@ pub struct NodeStatus {
     pub acked: BTreeMap<String, String>,
     /// Type URL → last NACK.
     pub nacked: BTreeMap<String, Nack>,
+    /// When its last stream closed, while none is open.
+    pub disconnected_at: Option<Instant>,
+}
+
+/// How long a node with no stream open is still reported ([`Cache::node_statuses`]) and
+/// remembered (a node back within it is not pushed a version it NACKed). Sidecars that went
+/// away for good (scaled down, rescheduled under a new id) would otherwise stay forever.
+pub const FORGET_DISCONNECTED: Duration = Duration::from_secs(600);
+
+/// Drop the nodes disconnected for `after` or longer at `now`.
+fn forget_disconnected(nodes: &mut BTreeMap<String, NodeStatus>, now: Instant, after: Duration) {
+    nodes.retain(|_, s| s.streams > 0 || s.disconnected_at.is_none_or(|t| now.saturating_duration_since(t) < after));
 }
 
 /// A node's answer to a push, as the stream protocol reports it.
@@ -273,21 +285,28 @@ impl Cache {
 
     /// Every node that ever connected, with its status.
     pub fn node_statuses(&self) -> BTreeMap<String, NodeStatus> {
-        self.nodes().clone()
+        let mut nodes = self.nodes();
+        forget_disconnected(&mut nodes, Instant::now(), FORGET_DISCONNECTED);
+        nodes.clone()
     }
 
     /// Counts a new stream of `node_id`; returns what the node reported before, so a stream
     /// opened after a NACK does not push the rejected version again.
     pub(crate) fn connect(&self, node_id: &str) -> NodeStatus {
         let mut nodes = self.nodes();
+        forget_disconnected(&mut nodes, Instant::now(), FORGET_DISCONNECTED);
         let status = nodes.entry(node_id.to_owned()).or_default();
         status.streams += 1;
+        status.disconnected_at = None;
         status.clone()
     }
 
     pub(crate) fn disconnect(&self, node_id: &str) {
         if let Some(status) = self.nodes().get_mut(node_id) {
             status.streams = status.streams.saturating_sub(1);
+            if status.streams == 0 {
+                status.disconnected_at = Some(Instant::now());
+            }
         }
     }
 
@@ -349,6 +368,26 @@ impl Cache {
 mod tests {
     use super::*;
     use crate::typeurl::{CLUSTER, LISTENER};
+
+    #[test]
+    fn nodes_disconnected_long_enough_are_forgotten_and_connected_ones_never() {
+        let t0 = Instant::now();
+        let status = |streams, gone: Option<u64>| NodeStatus { streams, disconnected_at: gone.map(|s| t0 + Duration::from_secs(s)), ..Default::default() };
+        let mut nodes: BTreeMap<String, NodeStatus> =
+            [("up", status(1, None)), ("left-recently", status(0, Some(500))), ("left-long-ago", status(0, Some(0)))]
+                .into_iter()
+                .map(|(n, s)| (n.to_string(), s))
+                .collect();
+        forget_disconnected(&mut nodes, t0 + Duration::from_secs(700), Duration::from_secs(600));
+        assert_eq!(nodes.keys().collect::<Vec<_>>(), ["left-recently", "up"]);
+        let cache = Cache::new(Duration::ZERO);
+        cache.connect("a");
+        cache.disconnect("a");
+        let a = &cache.node_statuses()["a"];
+        assert!(a.streams == 0 && a.disconnected_at.is_some(), "{a:?}");
+        cache.connect("a");
+        assert_eq!(cache.node_statuses()["a"].disconnected_at, None, "back: connected again");
+    }
 
     fn body(text: &str) -> Any {
         Any { type_url: CLUSTER.into(), value: text.as_bytes().to_vec() }

@@ -205,6 +205,7 @@ fn local_proxies(st: &AppState) -> Vec<Value> {
                 "node_id": node_id,
                 "control_node": st.node.id(),
                 "connected": s.streams > 0,
+                "disconnected_s": s.disconnected_at.map(|t| t.elapsed().as_secs()),
                 "acked": s.acked,
                 "nacks": s.nacked.iter().map(|(t, n)| (t.clone(), json!({"version": n.version, "error": n.error}))).collect::<serde_json::Map<_, _>>(),
                 "nack": nack,
@@ -215,11 +216,15 @@ fn local_proxies(st: &AppState) -> Vec<Value> {
             })
         })
         .collect();
-    items.extend(reports.into_iter().map(|(node_id, r)| {
+    // A sidecar gone for good (no stream for `FORGET_DISCONNECTED`) ages out of the list, as
+    // its ADS status does.
+    let forget = weft_xds::cache::FORGET_DISCONNECTED.as_millis() as u64;
+    items.extend(reports.into_iter().filter(|(_, r)| r.disconnected_ms.is_none_or(|ms| ms < forget)).map(|(node_id, r)| {
         json!({
             "node_id": node_id,
             "control_node": st.node.id(),
             "connected": r.reporting,
+            "disconnected_s": r.disconnected_ms.map(|ms| ms / 1000),
             "acked": {},
             "nacks": {},
             "nack": null,

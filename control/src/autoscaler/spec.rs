@@ -293,7 +293,8 @@ pub(crate) mod tests {
 
     #[test]
     fn each_bad_field_is_named() {
-        let cases: [(fn(&mut AutoscalerSpec), &str); 10] = [
+        type Case = (fn(&mut AutoscalerSpec), &'static str);
+        let cases: [Case; 10] = [
             (|s| s.placement = Some(template(0)), "placement.compute_milli"),
             (
                 |s| s.placement = Some(ReplicaTemplate { base_model: "".into(), ..template(500) }),

@@ -88,10 +88,7 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
-        .with_writer(std::io::stderr)
-        .init();
+    weft_proxy::logging::init(tracing_subscriber::EnvFilter::new(&args.log));
     let tokens = match &args.tokens {
         Some(p) => Tokens::load(p).map_err(|e| anyhow::anyhow!("--tokens {e}"))?,
         None => {

@@ -12,6 +12,7 @@
 
 pub mod apply;
 pub mod client;
+pub mod describe;
 pub mod diff;
 pub mod output;
 pub mod autoscale;
@@ -66,8 +67,11 @@ pub enum Command {
         #[arg(long)]
         allow_dangling: bool,
     },
-    /// List the resources of a kind, or show one.
-    Get { kind: String, name: Option<String> },
+    /// List the resources of a kind, or show one; without a kind, list the kinds.
+    Get { kind: Option<String>, name: Option<String> },
+    /// One resource whole: spec, the status the control plane derived from it, history, and
+    /// which sidecars run its revision (ACKed), NACKed it or are behind.
+    Describe { kind: String, name: String },
     /// Delete a resource.
     Delete { kind: String, name: String },
     /// The revisions of a resource, oldest first.
@@ -376,7 +380,22 @@ pub async fn run(args: Args) -> Result<(), CliError> {
             let dangling = if allow_dangling { apply::Dangling::Allow } else { apply::Dangling::Refuse };
             apply::run(&mut c, docs.unwrap_or_default(), dry_run, dangling, format).await
         }
-        Command::Get { kind, name } => {
+        Command::Get { kind: None, .. } => {
+            let mut counts = serde_json::Map::new();
+            for k in Kind::ALL {
+                let list = call(&mut c, Method::GET, &format!("/v1/{k}"), None).await?;
+                counts.insert(k.as_str().into(), json!(list["items"].as_array().map_or(0, Vec::len)));
+            }
+            show(format, &Value::Object(counts), output::kinds_table);
+            Ok(())
+        }
+        Command::Describe { kind, name } => {
+            let (kind, name) = (parse_kind(&kind)?, parse_name(&name)?);
+            let d = describe::gather(&mut c, kind, name).await?;
+            show(format, &d, |d| describe::render(kind, d));
+            Ok(())
+        }
+        Command::Get { kind: Some(kind), name } => {
             let kind = parse_kind(&kind)?;
             match name {
                 Some(name) => {

@@ -1,7 +1,6 @@
 //! How `weftctl` prints: aligned tables for people, JSON or YAML for scripts. Everything here
 //! turns server JSON into a `String` (pure), so the layouts are unit-tested without a server.
 
-use std::collections::BTreeSet;
 
 use serde_json::Value;
 
@@ -252,6 +251,18 @@ pub fn items_table(kind: Kind, items: &[Value]) -> String {
     table(&["KIND", "NAME", "REVISION", "SUMMARY"], &rows)
 }
 
+/// `weftctl get` without a kind: every kind, how many resources it holds, and who writes it.
+pub fn kinds_table(counts: &Value) -> String {
+    let rows: Vec<Vec<String>> = Kind::ALL
+        .iter()
+        .map(|k| {
+            let by = if k.user_writable() { "weftctl apply" } else { "the control plane" };
+            vec![k.as_str().to_string(), cell(&counts[k.as_str()]), by.to_string()]
+        })
+        .collect();
+    table(&["KIND", "COUNT", "WRITTEN BY"], &rows)
+}
+
 /// History items (oldest first) as REVISION SUMMARY; a `null` spec is a deletion.
 pub fn history_table(kind: Kind, items: &[Value]) -> String {
     let rows: Vec<Vec<String>> = items
@@ -297,43 +308,36 @@ pub fn short_type(type_url: &str) -> String {
     if last.ends_with('s') { last } else { last + "s" }
 }
 
-/// The types every table shows, in apply order, even before any sidecar ACKed one.
+/// The sidecar config types, in apply order: a column each, even before any sidecar ACKed one.
 const PROXY_TYPES: [&str; 4] = ["clusters", "endpoints", "experiments", "services"];
 
-/// `GET /v1/proxies` as NODE CONTROL CONNECTED, the last ACKed version per type, LAST NACK.
+/// `GET /v1/proxies` as NODE CONTROL CONNECTED, the last ACKed version (a control-plane
+/// revision) per sidecar config type, how many other types it ACKed (an Envoy's LDS/CDS/RDS/EDS,
+/// a training sidecar's shard maps: the JSON output names them), LAST NACK. The columns are
+/// fixed: what a client subscribes to never adds one.
 pub fn proxies_table(view: &Value) -> String {
     let items = view["items"].as_array().cloned().unwrap_or_default();
-    // Extra types (listeners, …) get a column once some sidecar reports one.
-    let mut extra = BTreeSet::new();
-    for it in &items {
-        if let Some(acked) = it["acked"].as_object() {
-            for t in acked.keys().map(|t| short_type(t)) {
-                if !PROXY_TYPES.contains(&t.as_str()) {
-                    extra.insert(t);
-                }
-            }
-        }
-    }
-    let types: Vec<String> = PROXY_TYPES.iter().map(|t| t.to_string()).chain(extra).collect();
     let mut headers: Vec<String> = vec!["NODE".into(), "CONTROL".into(), "CONNECTED".into()];
-    headers.extend(types.iter().map(|t| t.to_ascii_uppercase()));
+    headers.extend(PROXY_TYPES.iter().map(|t| format!("{}@REV", t.to_ascii_uppercase())));
+    headers.push("OTHER".into());
     headers.push("LAST NACK".into());
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|it| {
-            let mut row = vec![
-                cell(&it["node_id"]),
-                cell(&it["control_node"]),
-                if it["connected"] == Value::Bool(true) { "yes" } else { "no" }.to_string(),
-            ];
-            for t in &types {
-                let v = it["acked"]
-                    .as_object()
-                    .and_then(|a| a.iter().find(|(url, _)| &short_type(url) == t))
-                    .map(|(_, v)| cell(v))
-                    .unwrap_or_else(|| "-".into());
-                row.push(v);
+            let connected = match (&it["connected"], it["disconnected_s"].as_u64()) {
+                (Value::Bool(true), _) => "yes".to_string(),
+                (_, Some(s)) => format!("no ({} ago)", short_duration(s)),
+                _ => "no".to_string(),
+            };
+            let mut row = vec![cell(&it["node_id"]), cell(&it["control_node"]), connected];
+            let acked = it["acked"].as_object().cloned().unwrap_or_default();
+            let is_config = |url: &str| url.starts_with("type.googleapis.com/weft.v1.") && PROXY_TYPES.contains(&short_type(url).as_str());
+            for t in PROXY_TYPES {
+                let v = acked.iter().find(|(url, _)| is_config(url) && short_type(url) == t).map(|(_, v)| cell(v));
+                row.push(v.unwrap_or_else(|| "-".into()));
             }
+            let other = acked.keys().filter(|url| !is_config(url)).count();
+            row.push(if other == 0 { "-".into() } else { other.to_string() });
             row.push(match &it["nack"] {
                 Value::Object(n) => format!(
                     "{} {}: {}",
@@ -348,6 +352,15 @@ pub fn proxies_table(view: &Value) -> String {
         .collect();
     let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
     table(&headers, &rows)
+}
+
+/// `90` → `1m30s`, `7200` → `2h0m`: an age at a glance.
+fn short_duration(s: u64) -> String {
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        _ => format!("{}h{}m", s / 3600, s % 3600 / 60),
+    }
 }
 
 /// `GET /v1/status` as FIELD VALUE lines, in the documented order, then any others.
@@ -422,37 +435,43 @@ mod tests {
     }
 
     #[test]
+    fn kinds_are_listed_with_counts_and_who_writes_them() {
+        let t = kinds_table(&json!({"clusters": 2, "services": 1}));
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 1 + Kind::ALL.len(), "{t}");
+        assert_eq!(lines[1].split_whitespace().collect::<Vec<_>>(), ["clusters", "2", "weftctl", "apply"]);
+        let maps = lines.iter().find(|l| l.starts_with("shardmaps")).unwrap();
+        assert!(maps.contains("-") && maps.ends_with("the control plane"), "{t}");
+    }
+
+    #[test]
     fn proxy_status_columns() {
         let v = json!({"items": [
             {"node_id": "side-1", "control_node": 1, "connected": true,
              "acked": {"type.googleapis.com/weft.v1.Cluster": "12", "type.googleapis.com/weft.v1.Listener": "3"},
              "nack": {"type_url": "type.googleapis.com/weft.v1.Service", "version": "13", "error": "unknown cluster x"}},
-            {"node_id": "side-2", "control_node": 2, "connected": false, "acked": {}, "nack": null}
+            {"node_id": "side-2", "control_node": 2, "connected": false, "disconnected_s": 95, "acked": {}, "nack": null},
+            {"node_id": "envoy-1", "control_node": 1, "connected": true, "nack": null, "acked": {
+                "type.googleapis.com/envoy.config.cluster.v3.Cluster": "12",
+                "type.googleapis.com/envoy.config.listener.v3.Listener": "12",
+                "type.googleapis.com/made.up.Thing": "1"}}
         ]});
         let t = proxies_table(&v);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(
             lines[0].split_whitespace().collect::<Vec<_>>(),
-            [
-                "NODE",
-                "CONTROL",
-                "CONNECTED",
-                "CLUSTERS",
-                "ENDPOINTS",
-                "EXPERIMENTS",
-                "SERVICES",
-                "LISTENERS",
-                "LAST",
-                "NACK"
-            ]
+            ["NODE", "CONTROL", "CONNECTED", "CLUSTERS@REV", "ENDPOINTS@REV", "EXPERIMENTS@REV", "SERVICES@REV", "OTHER", "LAST", "NACK"],
+            "fixed columns, saying they hold revisions"
         );
         assert_eq!(
             lines[1].split_whitespace().collect::<Vec<_>>(),
-            ["side-1", "1", "yes", "12", "-", "-", "-", "3", "services", "13:", "unknown", "cluster", "x"]
+            ["side-1", "1", "yes", "12", "-", "-", "-", "1", "services", "13:", "unknown", "cluster", "x"]
         );
+        assert_eq!(lines[2].split_whitespace().collect::<Vec<_>>(), ["side-2", "2", "no", "(1m35s", "ago)", "-", "-", "-", "-", "-", "-"]);
         assert_eq!(
-            lines[2].split_whitespace().collect::<Vec<_>>(),
-            ["side-2", "2", "no", "-", "-", "-", "-", "-", "-"]
+            lines[3].split_whitespace().collect::<Vec<_>>(),
+            ["envoy-1", "1", "yes", "-", "-", "-", "-", "3", "-"],
+            "an Envoy's types (and one no one serves) are counted, not columns"
         );
         assert_eq!(proxies_table(&json!({"items": []})).lines().count(), 1);
     }

@@ -496,7 +496,10 @@ pub async fn run(o: DemoOptions, proxy_bin: PathBuf, sim_bin: PathBuf) -> anyhow
     }
     std::fs::write(&o.report, html::render(&report, setup.trim_end()))
         .with_context(|| format!("--report: writing {}", o.report.display()))?;
-    let _ = writeln!(out, "HTML report with the latency chart: {}", o.report.display());
+    // Absolute, so it can be opened from wherever the line is read (a relative path is
+    // relative to where `weft demo` ran).
+    let shown = std::path::absolute(&o.report).unwrap_or_else(|_| o.report.clone());
+    let _ = writeln!(out, "HTML report with the latency chart: {}", shown.display());
 
     drop(procs);
     let _ = tokio::time::timeout(Duration::from_secs(10), control.shutdown()).await;

@@ -369,7 +369,8 @@ mod tests {
         let mut s = spec(4);
         s.global_batch = u64::MAX;
         assert_eq!(s.validate().unwrap_err().0, "global_batch", "would be 2^60 micro-batches per rank");
-        let cases: [(fn(&mut JobSpec), &str); 3] = [
+        type Case = (fn(&mut JobSpec), &'static str);
+        let cases: [Case; 3] = [
             (|s| s.shard_sizes = vec![u64::MAX; 8], "shard_sizes"),
             (|s| s.model.layer_bytes = vec![u64::MAX; 4], "model.layer_bytes"),
             (|s| s.model.parameters = u64::MAX, "model.parameters"),

@@ -52,10 +52,7 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    weft_proxy::logging::init(tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into()));
     if let Err(e) = run(args) {
         eprintln!("weft-proxy: {e}");
         std::process::exit(1);

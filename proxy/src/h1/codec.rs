@@ -105,6 +105,10 @@ pub fn encode_request_head(out: &mut Vec<u8>, head: &ReqHead<'_>, framing: ReqFr
     for &(k, v) in head.set {
         put(k.as_str().as_bytes(), v);
     }
+    if let Some(protocol) = head.upgrade {
+        put(b"connection", b"upgrade");
+        put(b"upgrade", protocol);
+    }
     if add_framing {
         match framing {
             ReqFraming::Length(n) => {
@@ -209,8 +213,10 @@ pub struct Head {
 
 /// Parse a response head from the front of `buf`, consuming it (and any informational 1xx
 /// heads before it). `Ok(None)`: more bytes are needed. `head_request`: the request was HEAD,
-/// so the response has no body whatever its headers say. The fields share `buf`'s memory.
-pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, ParseError> {
+/// so the response has no body whatever its headers say. `upgrade`: the request asked to
+/// switch protocols, so a `101` is the answer (no body; the connection is the new protocol's
+/// from its end on). The fields share `buf`'s memory.
+pub fn parse_response(buf: &mut BytesMut, head_request: bool, upgrade: bool) -> Result<Option<Head>, ParseError> {
     loop {
         let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut []);
@@ -225,8 +231,17 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<H
         let code = resp.code.unwrap_or(0);
         let status = StatusCode::from_u16(code).map_err(|_| ParseError(format!("status {code}")))?;
         let version = if resp.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
-        if code == 101 {
+        if code == 101 && !upgrade {
             return err("101 Switching Protocols, but no upgrade was asked for");
+        }
+        if code == 101 {
+            let mut seen = Framing::default();
+            let list = Fields::read(buf, resp.headers, &mut seen);
+            if !seen.upgrade_protocol {
+                return err("101 Switching Protocols without an Upgrade header");
+            }
+            let fields = Fields::new(buf.split_to(len).freeze(), list);
+            return Ok(Some(Head { status, version, fields, framing: RespFraming::Length(0), keep_alive: false, reason: None }));
         }
         if (100..200).contains(&code) {
             buf.advance(len);
@@ -278,6 +293,10 @@ pub(super) struct Framing {
     pub(super) keep_alive: bool,
     /// `expect: 100-continue` (requests only).
     pub(super) expect_continue: bool,
+    /// `Connection` lists `upgrade`.
+    pub(super) upgrade: bool,
+    /// An `Upgrade` field names a protocol.
+    pub(super) upgrade_protocol: bool,
 }
 
 impl Framing {
@@ -312,10 +331,12 @@ impl Framing {
                 for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
                     self.close |= token.eq_ignore_ascii_case(b"close");
                     self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                    self.upgrade |= token.eq_ignore_ascii_case(b"upgrade");
                 }
             }
             Kind::Expect => self.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue"),
             Kind::Host => self.hosts = self.hosts.saturating_add(1),
+            Kind::Upgrade => self.upgrade_protocol = true,
             Kind::Other | Kind::Date | Kind::Te | Kind::Hop => {}
         }
     }
@@ -644,7 +665,7 @@ mod tests {
 
     fn head_of(raw: &str, head_request: bool) -> (Result<Option<Head>, ParseError>, BytesMut) {
         let mut b = BytesMut::from(raw.as_bytes());
-        (parse_response(&mut b, head_request), b)
+        (parse_response(&mut b, head_request, false), b)
     }
 
     fn decode_all(d: &mut Decoder, raw: &[u8], step: usize) -> Result<(Vec<u8>, Option<HeaderMap>), ParseError> {
@@ -683,7 +704,7 @@ mod tests {
         assert_eq!(framing(&Method::GET, &h, false, None), (ReqFraming::Empty, false));
         let encode = |method: &Method, target: &str, headers: &HeaderMap, (f, add): (ReqFraming, bool)| {
             let mut out = Vec::new();
-            encode_request_head(&mut out, &ReqHead { method, target, headers: &ReqHeaders::new(headers.clone(), None), set: &[] }, f, add);
+            encode_request_head(&mut out, &ReqHead { method, target, headers: &ReqHeaders::new(headers.clone(), None), set: &[], upgrade: None }, f, add);
             out
         };
         let out = encode(&Method::POST, "/v2/models/m/infer?x=1", &h, (ReqFraming::Length(5), true));
@@ -714,7 +735,7 @@ mod tests {
         let (tp, v) = (HeaderName::from_static("traceparent"), HeaderName::from_static("x-weft-variant"));
         let set: [(&HeaderName, &[u8]); 2] = [(&tp, b"00-ab-cd-01"), (&v, b"b")];
         let mut out = Vec::new();
-        encode_request_head(&mut out, &ReqHead { method: &Method::GET, target: "/", headers: &ReqHeaders::new(h, None), set: &set }, ReqFraming::Empty, false);
+        encode_request_head(&mut out, &ReqHead { method: &Method::GET, target: "/", headers: &ReqHeaders::new(h, None), set: &set, upgrade: None }, ReqFraming::Empty, false);
         assert_eq!(out, b"GET / HTTP/1.1\r\nhost: svc\r\nx-user-id: 7\r\ntraceparent: 00-ab-cd-01\r\nx-weft-variant: b\r\n\r\n");
     }
 
@@ -797,6 +818,20 @@ mod tests {
         let (h, rest) = head_of("HTTP/1.1 200 OK\r\nContent-Len", false);
         assert!(h.unwrap().is_none());
         assert_eq!(rest.len(), "HTTP/1.1 200 OK\r\nContent-Len".len(), "a partial head is left in the buffer");
+    }
+
+    #[test]
+    fn a_101_is_the_answer_only_to_an_upgrade_and_leaves_what_follows_unread() {
+        let raw = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n\x01\x02hi";
+        let mut b = BytesMut::from(raw.as_bytes());
+        let h = parse_response(&mut b, false, true).unwrap().unwrap();
+        assert_eq!(h.status, StatusCode::SWITCHING_PROTOCOLS);
+        assert!(!h.keep_alive, "the connection is the new protocol's now");
+        assert_eq!(h.fields.get("upgrade"), Some(&b"websocket"[..]));
+        assert!(h.fields.forwards("sec-websocket-accept") && !h.fields.forwards("upgrade"));
+        assert_eq!(&b[..], b"\x01\x02hi", "the first frame stays in the buffer");
+        let mut b = BytesMut::from("HTTP/1.1 101 Switching Protocols\r\n\r\n");
+        assert!(parse_response(&mut b, false, true).unwrap_err().to_string().contains("Upgrade"));
     }
 
     #[test]

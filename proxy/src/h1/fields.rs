@@ -33,8 +33,10 @@ pub(super) enum Kind {
     Date,
     Host,
     Te,
-    /// Hop-by-hop, not otherwise special: keep-alive, upgrade, proxy-connection,
-    /// proxy-authenticate.
+    /// Hop-by-hop: never forwarded as it came, but read, since an upgrade the proxy carries
+    /// out (WebSocket) writes the protocol it names on the next hop itself.
+    Upgrade,
+    /// Hop-by-hop, not otherwise special: keep-alive, proxy-connection, proxy-authenticate.
     Hop,
 }
 
@@ -51,7 +53,7 @@ impl Kind {
                 _ => Kind::Other,
             },
             6 if name.eq_ignore_ascii_case(b"expect") => Kind::Expect,
-            7 if name.eq_ignore_ascii_case(b"upgrade") => Kind::Hop,
+            7 if name.eq_ignore_ascii_case(b"upgrade") => Kind::Upgrade,
             10 if folded_eq(name, b"connection") => Kind::Connection,
             10 if folded_eq(name, b"keep-alive") => Kind::Hop,
             14 if folded_eq(name, b"content-length") => Kind::ContentLength,
@@ -116,6 +118,12 @@ impl Fields {
             seen.note(kind, value);
             match kind {
                 Kind::TransferEncoding | Kind::Hop => continue,
+                // Kept to be read (`get`), marked so it is not forwarded.
+                Kind::Upgrade => {
+                    let (n, v) = ((name.as_ptr() as usize - base) as u32, (value.as_ptr() as usize - base) as u32);
+                    list.push(Field { span: (n, n + name.len() as u32, v, v + value.len() as u32), kind, listed: true });
+                    continue;
+                }
                 Kind::Connection => {
                     names_others |= connection_names(value).next().is_some();
                     continue;
@@ -136,7 +144,7 @@ impl Fields {
                 .flat_map(|h| connection_names(h.value))
                 .collect();
             for f in &mut list {
-                f.listed = named.iter().any(|n| n.eq_ignore_ascii_case(&buf[f.span.0 as usize..f.span.1 as usize]));
+                f.listed = f.kind == Kind::Upgrade || named.iter().any(|n| n.eq_ignore_ascii_case(&buf[f.span.0 as usize..f.span.1 as usize]));
             }
         }
         list
@@ -322,7 +330,7 @@ mod tests {
             ("TRANSFER-ENCODING", Kind::TransferEncoding),
             ("connection", Kind::Connection),
             ("Keep-Alive", Kind::Hop),
-            ("Upgrade", Kind::Hop),
+            ("Upgrade", Kind::Upgrade),
             ("Proxy-Connection", Kind::Hop),
             ("proxy-authenticate", Kind::Hop),
             ("TE", Kind::Te),

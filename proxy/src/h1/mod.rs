@@ -81,6 +81,35 @@ pub struct Head<'a> {
     pub target: &'a str,
     pub headers: &'a crate::headers::ReqHeaders,
     pub set: &'a [(&'a HeaderName, &'a [u8])],
+    /// Ask to switch to this protocol (`Upgrade`, with `Connection: upgrade`): the client's
+    /// WebSocket handshake, carried on.
+    pub upgrade: Option<&'a [u8]>,
+}
+
+/// A request extension set by weft's HTTP/1.1 server: the request asks to switch protocols
+/// (`Connection: upgrade` with an `Upgrade`, no body), and the server can join the connections
+/// if the upstream agrees.
+#[derive(Clone, Copy, Debug)]
+pub struct UpgradeRequest;
+
+/// A response extension: the upstream agreed to switch protocols (`101`), and this connection
+/// now carries the new protocol. It never goes back to a pool; it holds its cluster's
+/// `max_connections` place until dropped. (Shared, taken once: response extensions must be
+/// `Clone`.)
+#[derive(Clone)]
+pub struct Upgraded(Arc<std::sync::Mutex<Option<Conn>>>);
+
+impl Upgraded {
+    /// The socket, what the upstream sent after its `101` head (already the new protocol's),
+    /// and the cluster place; `None` once taken.
+    pub fn take(&self) -> Option<(TcpStream, BytesMut, ConnSlot)> {
+        let Inner { io, rbuf, _slot, .. } = *self.0.lock().unwrap().take()?.0;
+        match io {
+            Io::Whole(t) => Some((t, rbuf, _slot)),
+            // An upgrade request has no body, so no upload ever split the socket.
+            Io::Read(_) | Io::Gone => None,
+        }
+    }
 }
 
 /// Where a connection goes when its exchange ends cleanly.
@@ -164,6 +193,7 @@ impl Conn {
             f => Some(Box::new(Upload::new(body, f, codec::trailers_named(head.headers.get_all(&http::header::TRAILER))))),
         };
         let head_request = method == Method::HEAD;
+        let upgrade = head.upgrade.is_some();
         let mut write_error = None;
         let head = poll_fn(|cx| {
             if let (Some(up), Io::Whole(io)) = (upload.as_mut(), &mut c.io) {
@@ -179,10 +209,17 @@ impl Conn {
                     Poll::Pending => {}
                 }
             }
-            c.poll_head(cx, head_request, write_error.as_deref())
+            c.poll_head(cx, head_request, upgrade, write_error.as_deref())
         })
         .await
         .map_err(SendError::Failed)?;
+        if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            let mut resp = Response::new(Body { decoder: Decoder::new(head.framing), conn: None, upload_done: None, reusable: false, home: None, fields: Some(Box::new(head.fields)) });
+            *resp.status_mut() = head.status;
+            *resp.headers_mut() = crate::headers::reuse(2);
+            resp.extensions_mut().insert(Upgraded(Arc::new(std::sync::Mutex::new(Some(Conn(c))))));
+            return Ok(resp);
+        }
         // An upload cut short, or still going, leaves the connection unusable for another
         // request; one still going carries on in its own task.
         let reusable = head.keep_alive && write_error.is_none() && upload.is_none();
@@ -212,11 +249,11 @@ impl Conn {
 }
 
 impl Inner {
-    fn poll_head(&mut self, cx: &mut Context<'_>, head_request: bool, write_error: Option<&str>) -> Poll<Result<codec::Head, String>> {
+    fn poll_head(&mut self, cx: &mut Context<'_>, head_request: bool, upgrade: bool, write_error: Option<&str>) -> Poll<Result<codec::Head, String>> {
         loop {
             // Parsed only once bytes came (an empty buffer is the usual case before a read).
             if !self.rbuf.is_empty()
-                && let Some(head) = codec::parse_response(&mut self.rbuf, head_request).map_err(|e| e.to_string())?
+                && let Some(head) = codec::parse_response(&mut self.rbuf, head_request, upgrade).map_err(|e| e.to_string())?
             {
                 return Poll::Ready(Ok(head));
             }

@@ -25,6 +25,10 @@ pub struct ReqHead {
     pub keep_alive: bool,
     /// The client waits for `100 Continue` before it sends the body.
     pub expect_continue: bool,
+    /// The client asks to switch protocols (`Connection: upgrade` and an `Upgrade`, on an
+    /// HTTP/1.1 request without a body: a WebSocket handshake). The proxy asks the upstream the
+    /// same, and joins the two connections if it agrees ([`crate::tunnel`]).
+    pub upgrade: bool,
 }
 
 /// Why a request head is refused: the status to answer with, and what was wrong.
@@ -107,7 +111,8 @@ pub fn parse_request(buf: &mut BytesMut, max_head: usize) -> Result<Option<ReqHe
     }
     let keep_alive = seen.persists(version) && !seen.both_framings();
     let expect_continue = seen.expect_continue && version == Version::HTTP_11 && body.is_some();
-    Ok(Some(ReqHead { method, uri, version, fields, body, keep_alive, expect_continue }))
+    let upgrade = seen.upgrade && seen.upgrade_protocol && version == Version::HTTP_11 && body.is_none();
+    Ok(Some(ReqHead { method, uri, version, fields, body, keep_alive, expect_continue, upgrade }))
 }
 
 /// How a response body goes out.
@@ -203,6 +208,8 @@ pub fn encode_response_head(out: &mut Vec<u8>, resp: &RespHead<'_>, framing: Out
         }
     }
     match (keep_alive, resp.version) {
+        // The switch the `upgrade` header (in the map) names.
+        _ if resp.status == StatusCode::SWITCHING_PROTOCOLS => out.extend_from_slice(b"connection: upgrade\r\n"),
         (false, Version::HTTP_11) => out.extend_from_slice(b"connection: close\r\n"),
         (true, Version::HTTP_10) => out.extend_from_slice(b"connection: keep-alive\r\n"),
         _ => {}
@@ -287,6 +294,37 @@ mod tests {
 
     fn parse(s: &str) -> Result<Option<ReqHead>, Reject> {
         parse_request(&mut BytesMut::from(s), 64 * 1024)
+    }
+
+    #[test]
+    fn an_upgrade_is_asked_only_with_connection_upgrade_and_a_protocol_on_a_bodiless_1_1_request() {
+        let ws = "GET /chat HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n\r\n";
+        let h = parse(ws).unwrap().unwrap();
+        assert!(h.upgrade);
+        assert_eq!(h.fields.get("upgrade"), Some(&b"websocket"[..]), "read by the proxy");
+        assert!(!h.fields.forwards("upgrade"), "but never forwarded as it came");
+        for not in [
+            "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\n\r\n",
+            "GET / HTTP/1.0\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: h2c\r\nContent-Length: 3\r\n\r\nabc",
+        ] {
+            assert!(!parse(not).unwrap().unwrap().upgrade, "{not:?}");
+        }
+    }
+
+    #[test]
+    fn a_101_says_connection_upgrade() {
+        let mut map = HeaderMap::new();
+        map.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        let head = RespHead { status: StatusCode::SWITCHING_PROTOCOLS, version: Version::HTTP_11, headers: &map, fields: None, reason: None };
+        let (framing, add) = response_framing(&head, false, Some(0));
+        let mut out = Vec::new();
+        encode_response_head(&mut out, &head, framing, add, false);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 101 Switching Protocols\r\n"), "{text}");
+        assert!(text.contains("upgrade: websocket\r\n") && text.contains("connection: upgrade\r\n"), "{text}");
+        assert!(!text.contains("content-length") && !text.contains("close"), "{text}");
     }
 
     #[test]
@@ -442,7 +480,7 @@ mod tests {
     /// An upstream response's fields as `parse_response` leaves them.
     fn upstream_fields(raw: &str) -> Fields {
         let mut b = BytesMut::from(raw.as_bytes());
-        codec::parse_response(&mut b, false).unwrap().unwrap().fields
+        codec::parse_response(&mut b, false, false).unwrap().unwrap().fields
     }
 
     #[test]

@@ -144,12 +144,26 @@ pub async fn serve(sh: Arc<Shared>, li: usize, tcp: TcpStream, first: BytesMut, 
             }
         };
         let keep = head.keep_alive;
-        let (method, version) = (head.method.clone(), head.version);
-        let (req, fields, slot) = conn.request(head);
+        let (method, version, upgrade) = (head.method.clone(), head.version, head.upgrade);
+        let (mut req, fields, slot) = conn.request(head);
+        if upgrade {
+            req.extensions_mut().insert(super::UpgradeRequest);
+        }
         let resp = match crate::proxy::handle(sh.clone(), li, req, fields).await {
             Ok(r) => r,
             Err(never) => match never {},
         };
+        if upgrade && resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            let up = resp.extensions().get::<super::Upgraded>().and_then(super::Upgraded::take);
+            let settings = resp.extensions().get::<crate::tunnel::Settings>().cloned();
+            if conn.respond(resp, false, version, true, None).await.is_none() {
+                return;
+            }
+            if let (Some((up, up_buf, _place)), Some(settings), Some((down, down_buf))) = (up, settings, conn.into_socket()) {
+                crate::tunnel::run(down, down_buf, up, up_buf, &settings, &closing).await;
+            }
+            return;
+        }
         let keep_alive = keep && !closing.load(Ordering::Acquire);
         let Some(keep_alive) = conn.respond(resp, method == Method::HEAD, version, keep_alive, slot.as_deref()).await else {
             // Writing failed (the client went away), or the response was cut: end it now,
@@ -366,6 +380,16 @@ impl Conn {
             }
         }
         self.keep(reader, Back::Reusable)
+    }
+
+    /// The socket and what the client sent after the last request head, once nothing else
+    /// holds it (a request without a body leaves the read side here): the connection is
+    /// leaving HTTP (an upgrade).
+    fn into_socket(self) -> Option<(TcpStream, BytesMut)> {
+        let reader = self.reader?;
+        let Reader { tcp, buf, .. } = *reader;
+        drop(tcp);
+        Some((Arc::try_unwrap(self.tcp).ok()?, buf))
     }
 
     /// Hold the read side again (lingering reads from it).
