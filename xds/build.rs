@@ -16,6 +16,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={}", f.display());
     }
     let fds = protox::compile(&files, ["proto"])?;
+    // Descriptor sets for gRPC reflection: weft's own services, and Envoy's ADS (its
+    // definition is vendored for this alone, see proto/envoy-api/README.md).
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out.join("weft_v1_fds.bin"), prost::Message::encode_to_vec(&fds))?;
+    let ads = protox::compile(["envoy/service/discovery/v3/ads.proto"], ["proto/envoy-api"])?;
+    std::fs::write(out.join("ads_fds.bin"), prost::Message::encode_to_vec(&ads))?;
     let mut config = prost_build::Config::new();
     config
         // `impl prost::Name` gives every message its full name and type URL.

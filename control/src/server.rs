@@ -200,6 +200,13 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     const ADS: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
     health.set_service_status("", tonic_health::ServingStatus::Serving).await;
     health.set_service_status(ADS, tonic_health::ServingStatus::Serving).await;
+    // gRPC reflection (grpcurl list / describe): ADS, weft's report stream, health, itself.
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(weft_xds::descriptors::ADS)
+        .register_encoded_file_descriptor_set(weft_xds::descriptors::WEFT_V1)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| anyhow::anyhow!("gRPC reflection: {e}"))?;
     let mut s = stopped.clone();
     tasks.push(tokio::spawn(async move {
         let incoming = tonic::transport::server::TcpIncoming::from(xds_listener).with_nodelay(Some(true));
@@ -211,6 +218,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         let server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(health_service)
+            .add_service(reflection)
             .add_service(ads)
             .add_service(report_service)
             .serve_with_incoming_shutdown(incoming, shutdown);

@@ -75,6 +75,31 @@ async fn metrics_health_and_unknown_xds_types() {
     let unknown = health.check(HealthCheckRequest { service: "nope".into() }).await.unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
 
+    // gRPC reflection on the xDS port (what grpcurl uses): every service is listed, and ADS
+    // is described down to its messages.
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.running.xds_addr)).unwrap().connect().await.unwrap();
+    let mut reflection = ServerReflectionClient::new(channel);
+    let ask = |m: MessageRequest| {
+        let req = ServerReflectionRequest { host: String::new(), message_request: Some(m) };
+        tokio_stream::iter(vec![req])
+    };
+    let mut answers = reflection.server_reflection_info(ask(MessageRequest::ListServices(String::new()))).await.unwrap().into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) = answers.message().await.unwrap().unwrap().message_response else { panic!("no service list") };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in ["envoy.service.discovery.v3.AggregatedDiscoveryService", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "weft.v1.SidecarReports"] {
+        assert!(names.iter().any(|n| n == want), "{want} not listed: {names:?}");
+    }
+    let ads_symbol = MessageRequest::FileContainingSymbol("envoy.service.discovery.v3.AggregatedDiscoveryService".into());
+    let mut answers = reflection.server_reflection_info(ask(ads_symbol)).await.unwrap().into_inner();
+    let Some(MessageResponse::FileDescriptorResponse(files)) = answers.message().await.unwrap().unwrap().message_response else { panic!("no descriptor for ADS") };
+    use prost::Message;
+    let names: Vec<String> = files.file_descriptor_proto.iter().map(|b| prost_types::FileDescriptorProto::decode(&b[..]).unwrap().name().to_string()).collect();
+    assert!(names.iter().any(|n| n == "envoy/service/discovery/v3/ads.proto"), "{names:?}");
+
     // A type this control plane does not serve: the stream ends with an error naming it.
     use weft_xds::transport::{AggregatedDiscoveryServiceClient, DiscoveryRequest, Node as XdsNode};
     let made_up = "type.googleapis.com/example.v1.Nothing";

@@ -23,5 +23,14 @@ pub mod subscription;
 pub mod transport;
 pub mod typeurl;
 
+/// Encoded `google.protobuf.FileDescriptorSet`s of the gRPC services weft-control serves, for
+/// gRPC server reflection (`grpcurl list`, `describe`).
+pub mod descriptors {
+    /// `weft.v1`: weft's resources and the sidecar report stream.
+    pub const WEFT_V1: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/weft_v1_fds.bin"));
+    /// `envoy.service.discovery.v3.AggregatedDiscoveryService` and what it imports.
+    pub const ADS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ads_fds.bin"));
+}
+
 pub use ads_server::AdsServer;
 pub use cache::{Cache, Counters, Resources, Snapshot};
