@@ -31,6 +31,7 @@ use crate::telemetry::{self, Labels};
 use crate::Shared;
 
 static X_WEFT_VARIANT: HeaderName = HeaderName::from_static("x-weft-variant");
+static SEC_WEBSOCKET_KEY: HeaderName = HeaderName::from_static("sec-websocket-key");
 static X_WEFT_SHADOW: HeaderName = HeaderName::from_static("x-weft-shadow");
 static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
@@ -80,7 +81,17 @@ async fn serve(
     let (mut parts, body) = req.into_parts();
     let mut headers = ReqHeaders::new(std::mem::take(&mut parts.headers), fields);
     // A WebSocket handshake (weft's HTTP/1.1 server marks it): the protocol it asks for.
-    let upgrade = parts.extensions.get::<h1::UpgradeRequest>().and_then(|_| headers.get_shared(&header::UPGRADE));
+    let mut upgrade = parts.extensions.get::<h1::UpgradeRequest>().and_then(|_| headers.get_shared(&header::UPGRADE));
+    // An HTTP/2 client's WebSocket (RFC 8441: CONNECT with `:protocol`) goes upstream as the
+    // HTTP/1.1 handshake it stands for: GET + Upgrade, with a key of the proxy's making.
+    let mut h2_stream = None;
+    if parts.method == Method::CONNECT
+        && let Some(protocol) = parts.extensions.get::<hyper::ext::Protocol>()
+    {
+        upgrade = Some(Bytes::copy_from_slice(protocol.as_str().as_bytes()));
+        h2_stream = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+        parts.method = Method::GET;
+    }
     // Trace context first, so even a request answered locally gets its server span.
     let mut trace = telemetry::traceparent(headers.get(&TRACEPARENT));
     *span = otlp::start(&sh.telemetry, &parts, &headers, &mut trace, start);
@@ -134,11 +145,15 @@ async fn serve(
         }
     };
     labels.cluster = cluster.name.clone().into();
-    if upgrade.is_some() && cluster.endpoints.iter().any(|e| e.protocol == crate::config::UpstreamProtocol::Http2) {
+    let h2_cluster = cluster.endpoints.iter().any(|e| e.protocol == crate::config::UpstreamProtocol::Http2);
+    if upgrade.is_some() && h2_stream.is_none() && h2_cluster {
         return Err(Local::new(
             StatusCode::NOT_IMPLEMENTED,
             "upgrade_unsupported",
-            format!("cluster {:?} speaks HTTP/2; an HTTP/1.1 Upgrade (WebSocket) needs an HTTP/1.1 cluster", &*cluster.name),
+            format!(
+                "cluster {:?} speaks HTTP/2; an HTTP/1.1 Upgrade (WebSocket) needs an HTTP/1.1 cluster (an HTTP/2 client's extended CONNECT can reach either)",
+                &*cluster.name
+            ),
         ));
     }
     if let (Some(v), Some(e)) = (variant, experiment) {
@@ -185,6 +200,7 @@ async fn serve(
         span: span_fwd,
         upgrade,
     };
+    let upgrade_asked = req_parts.upgrade.is_some();
     // Not boxed: hyper moves this whole future into its per-connection slot once per request
     // (a memcpy of ~2 KiB), which measured cheaper than allocating and freeing a box that size
     // (callgrind: 34.8k -> 33.9k instructions per request without the box).
@@ -207,13 +223,9 @@ async fn serve(
     if let Some(v) = variant {
         rparts.headers.insert(X_WEFT_VARIANT.clone(), v.header.clone());
     }
-    if rparts.status == StatusCode::SWITCHING_PROTOCOLS {
-        // The protocol the upstream switched to goes back with the `101`; the server then
-        // joins the connections (`crate::tunnel`).
-        if let Some(p) = incoming.fields().and_then(|f| f.get_shared("upgrade")).and_then(|p| HeaderValue::from_maybe_shared(p).ok()) {
-            rparts.headers.insert(header::UPGRADE, p);
-        }
-        rparts.extensions.insert(crate::tunnel::Settings { cluster: cluster.clone(), idle: route.idle_timeout });
+    if upgrade_asked {
+        let settings = crate::tunnel::Settings { cluster: cluster.clone(), idle: route.idle_timeout };
+        crate::tunnel::on_response(&mut rparts, &incoming, h2_stream, h2_cluster, settings)?;
     }
     sent.held.hand_over();
     let on_end = finish_on_end(sh, cluster, sent.ep, slot, std::mem::take(labels), start, sent.attempts - 1, &req_parts, ending);
@@ -293,6 +305,11 @@ impl ReqParts {
         p.path_and_query = Some(self.uri.path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")));
         *req.uri_mut() = Uri::from_parts(p).unwrap_or_else(|_| Uri::from_static("/"));
         *req.version_mut() = Version::HTTP_2;
+        if let Some(p) = self.upgrade.as_ref().and_then(|p| std::str::from_utf8(p).ok()) {
+            // An HTTP/2 client's WebSocket, on to an HTTP/2 upstream as the same extended CONNECT.
+            *req.method_mut() = Method::CONNECT;
+            req.extensions_mut().insert(hyper::ext::Protocol::from(p));
+        }
         let h = req.headers_mut();
         h.remove(header::HOST);
         if let Ok(v) = HeaderValue::from_bytes(&self.traceparent) {
@@ -331,6 +348,17 @@ pub(crate) async fn send(
                     &both
                 }
                 None => &[(&TRACEPARENT, &parts.traceparent[..])],
+            };
+            // An HTTP/2 client's WebSocket has no key (RFC 8441 §5); this handshake needs one.
+            let key;
+            let with_key;
+            let set = match &parts.upgrade {
+                Some(p) if p.eq_ignore_ascii_case(b"websocket") && !parts.headers.contains(&SEC_WEBSOCKET_KEY) => {
+                    key = crate::tunnel::websocket_key();
+                    with_key = [set, &[(&SEC_WEBSOCKET_KEY, key.as_bytes())]].concat();
+                    &with_key[..]
+                }
+                _ => set,
             };
             let head = h1::Head { method: &parts.method, target, headers: &parts.headers, set, upgrade: parts.upgrade.as_deref() };
             Ok(conn.send(head, body, home).await?.map(UpBody::H1))

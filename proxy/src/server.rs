@@ -316,7 +316,8 @@ async fn serve_h2(sh: Arc<Shared>, li: usize, tcp: TcpStream, read: Bytes, max_h
         }
     });
     let mut b = http2::Builder::new(TokioExecutor::new());
-    b.timer(TokioTimer::new()).max_header_list_size(max_head as u32).max_concurrent_streams(1024);
+    // Extended CONNECT (RFC 8441): WebSockets over HTTP/2 (`crate::tunnel`).
+    b.timer(TokioTimer::new()).max_header_list_size(max_head as u32).max_concurrent_streams(1024).enable_connect_protocol();
     // Closed lingering, so a client still uploading reads an early answer (see `linger`).
     let io = Rewind { read, io: crate::linger::Lingering::new(tcp) };
     let conn = b.serve_connection(TokioIo::new(io), svc);

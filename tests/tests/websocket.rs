@@ -171,3 +171,118 @@ async fn a_websocket_to_an_http2_cluster_is_refused_naming_it() {
         other => panic!("expected a 501, got {:?}", other.map(|(_, r)| r.status())),
     }
 }
+
+/// A WebSocket over HTTP/2 (RFC 8441): an extended CONNECT with `:protocol websocket` on an h2c
+/// connection to the sidecar (hyper's client), then WebSocket frames on that stream.
+async fn connect_h2(proxy: SocketAddr) -> Result<Ws2, String> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let tcp = TcpStream::connect(proxy).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    // The server's SETTINGS (which enable extended CONNECT) arrive with its first frames.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut req = http::Request::connect("http://chat/v1/stream")
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    req.extensions_mut().insert(hyper::ext::Protocol::from_static("websocket"));
+    let resp = send.send_request(req).await.map_err(|e| format!("request: {e}"))?;
+    if resp.status() != 200 {
+        return Err(format!("status {}", resp.status()));
+    }
+    let upgraded = hyper::upgrade::on(resp).await.map_err(|e| format!("upgrade: {e}"))?;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+    Ok(tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await)
+}
+
+type Ws2 = tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_over_http2_reaches_an_http1_server() {
+    let (up, seen) = echo_server().await;
+    let p = start_proxy(&config(up, ""));
+    let mut ws = connect_h2(p.listener_addrs[0]).await.expect("extended CONNECT accepted");
+    // The HTTP/1.1 server got a complete handshake (the sidecar made its Sec-WebSocket-Key).
+    let h = seen.lock().unwrap()[0].clone();
+    assert_eq!(h["upgrade"], "websocket");
+    assert_eq!(h["sec-websocket-version"], "13");
+    assert!(h.contains_key("sec-websocket-key"), "{h:?}");
+    for i in 0..20 {
+        ws.send(Message::text(format!("h2-{i}"))).await.unwrap();
+    }
+    for i in 0..20 {
+        let m = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(m.into_text().unwrap().as_str(), format!("h2-{i}"));
+    }
+    let big = vec![7u8; 300_000];
+    ws.send(Message::binary(big.clone())).await.unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(m.into_data().len(), big.len());
+    ws.close(None).await.unwrap();
+    while let Ok(Some(Ok(_))) = tokio::time::timeout(Duration::from_secs(10), ws.next()).await {}
+    drop(ws);
+    let metrics = wait_for("the h2 tunnel to be counted closed", Duration::from_secs(5), || async {
+        let (_, text) = admin_get(p.admin_addr, "/metrics").await;
+        (metric_sum(&text, "weft_tunnels_closed_total", &[("cluster", "c")]) >= 1.0).then_some(text)
+    })
+    .await;
+    assert!(metric_sum(&metrics, "weft_tunnel_bytes_total", &[("cluster", "c"), ("direction", "upstream")]) > 300_000.0);
+}
+
+/// A WebSocket echo server over HTTP/2 only (RFC 8441), as an h2 model server would run one.
+async fn h2_echo_server() -> SocketAddr {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let svc = hyper::service::service_fn(|mut req: http::Request<hyper::body::Incoming>| async move {
+                let ws = req.method() == http::Method::CONNECT && req.extensions().get::<hyper::ext::Protocol>().is_some_and(|p| p.as_str() == "websocket");
+                let status = if ws { 200 } else { 400 };
+                if ws {
+                    let on = hyper::upgrade::on(&mut req);
+                    tokio::spawn(async move {
+                        let Ok(stream) = on.await else { return };
+                        use tokio_tungstenite::tungstenite::protocol::Role;
+                        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(stream), Role::Server, None).await;
+                        let (mut tx, mut rx) = ws.split();
+                        while let Some(Ok(m)) = rx.next().await {
+                            if (m.is_text() || m.is_binary()) && tx.send(m).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+                let resp = http::Response::builder().status(status).body(http_body_util::Empty::<bytes::Bytes>::new()).unwrap();
+                Ok::<_, std::convert::Infallible>(resp)
+            });
+            tokio::spawn(async move {
+                let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                b.enable_connect_protocol();
+                let _ = b.serve_connection(TokioIo::new(s), svc).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_over_http2_reaches_an_http2_server() {
+    let up = h2_echo_server().await;
+    let p = start_proxy(&config(up, "").replace(r#"endpoints: ["#, "protocol: http2, endpoints: ["));
+    let mut ws = connect_h2(p.listener_addrs[0]).await.expect("extended CONNECT carried to the h2 upstream");
+    ws.send(Message::text("both h2")).await.unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(m.into_text().unwrap().as_str(), "both h2");
+    let (_, text) = admin_get(p.admin_addr, "/metrics").await;
+    assert_eq!(metric_sum(&text, "weft_tunnels_active", &[("cluster", "c")]), 1.0, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_websocket_to_a_server_that_does_not_upgrade_is_a_502_not_a_dead_tunnel() {
+    // A 200 to an extended CONNECT means "tunnel open": passing the plain server's 200 on would
+    // leave the client writing frames into nothing.
+    let up = Upstream::start("plain").await;
+    let p = start_proxy(&config(up.addr, ""));
+    assert_eq!(connect_h2(p.listener_addrs[0]).await.err().as_deref(), Some("status 502 Bad Gateway"));
+}
