@@ -145,7 +145,8 @@ async fn serve(
         }
     };
     labels.cluster = cluster.name.clone().into();
-    let h2_cluster = cluster.endpoints.iter().any(|e| e.protocol == crate::config::UpstreamProtocol::Http2);
+    // Looked at only for a handshake (not per request).
+    let h2_cluster = upgrade.is_some() && cluster.endpoints.iter().any(|e| e.protocol == crate::config::UpstreamProtocol::Http2);
     if upgrade.is_some() && h2_stream.is_none() && h2_cluster {
         return Err(Local::new(
             StatusCode::NOT_IMPLEMENTED,
