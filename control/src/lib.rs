@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod autoscaler;
+pub mod ca;
 pub mod cli;
 pub mod demo;
 pub mod envoy;

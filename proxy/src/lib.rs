@@ -28,6 +28,7 @@ pub mod grpc_reply;
 pub mod duration;
 pub mod h1;
 pub mod headers;
+pub mod identity;
 pub mod lb;
 pub mod limit;
 pub mod logging;
