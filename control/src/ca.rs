@@ -253,6 +253,65 @@ mod tests {
         assert!(ca.sign(&extra, &me, now(), life).unwrap_err().message.contains("besides its SPIFFE ID"));
     }
 
+    /// A sidecar's credentials for `id`, issued by `ca`, trusting `trust`'s root.
+    fn credentials(ca: &MeshCa, id: &SpiffeId, trust: &MeshCa) -> weft_proxy::tls::Credentials {
+        let req = weft_proxy::identity::request(id).unwrap();
+        let leaf = ca.sign(&req.csr_pem, id, now(), Duration::from_secs(3600)).unwrap();
+        weft_proxy::tls::Credentials::from_pem(&leaf.cert_pem, &req.key_pem, trust.cert_pem()).unwrap()
+    }
+
+    /// A TLS handshake in memory between `client` and `server`; the server's view of the
+    /// client's identity, or the first side's error.
+    fn handshake(client: std::sync::Arc<rustls::ClientConfig>, server: std::sync::Arc<rustls::ServerConfig>) -> Result<(Option<SpiffeId>, Vec<u8>), String> {
+        let name = rustls::pki_types::ServerName::try_from("chat.mesh").unwrap();
+        let mut c = rustls::ClientConnection::new(client, name).unwrap();
+        let mut s = rustls::ServerConnection::new(server).unwrap();
+        for _ in 0..10 {
+            let mut buf = Vec::new();
+            c.write_tls(&mut buf).unwrap();
+            s.read_tls(&mut &buf[..]).unwrap();
+            s.process_new_packets().map_err(|e| format!("server: {e}"))?;
+            let mut buf = Vec::new();
+            s.write_tls(&mut buf).unwrap();
+            c.read_tls(&mut &buf[..]).unwrap();
+            c.process_new_packets().map_err(|e| format!("client: {e}"))?;
+            if !c.is_handshaking() && !s.is_handshaking() {
+                let peer = s.peer_certificates().and_then(weft_proxy::tls::peer_id);
+                return Ok((peer, c.alpn_protocol().unwrap_or_default().to_vec()));
+            }
+        }
+        Err("handshake did not finish".into())
+    }
+
+    #[test]
+    fn sidecars_authenticate_each_other_by_spiffe_id() {
+        use weft_proxy::tls::{client_config, server_config};
+        let ca = MeshCa::generate("mesh.local", now(), Duration::from_secs(3600)).unwrap();
+        let client_id = SpiffeId::workload("mesh.local", "apps", "web").unwrap();
+        let server_id = SpiffeId::service("mesh.local", "chat").unwrap();
+        let (client, server) = (credentials(&ca, &client_id, &ca), credentials(&ca, &server_id, &ca));
+        let server_cfg = server_config(&server).unwrap();
+        let (seen, alpn) = handshake(client_config(&client, server_id.clone()).unwrap(), server_cfg.clone()).unwrap();
+        assert_eq!(seen, Some(client_id.clone()), "the server reads the client's ID");
+        assert_eq!(alpn, b"h2");
+
+        // The client expected someone else: refused, naming both.
+        let wrong = SpiffeId::service("mesh.local", "admin").unwrap();
+        let e = handshake(client_config(&client, wrong).unwrap(), server_cfg.clone()).unwrap_err();
+        assert!(e.starts_with("client:") && e.contains("spiffe://mesh.local/service/chat is not the expected spiffe://mesh.local/service/admin"), "{e}");
+
+        // A client whose leaf another CA signed (same ID, trusting the real root): the server
+        // refuses it.
+        let rogue_ca = MeshCa::generate("mesh.local", now(), Duration::from_secs(3600)).unwrap();
+        let rogue = credentials(&rogue_ca, &client_id, &ca);
+        let e = handshake(client_config(&rogue, server_id.clone()).unwrap(), server_cfg.clone()).unwrap_err();
+        assert!(e.starts_with("server:"), "{e}");
+        // And a server with a rogue leaf is refused by the client.
+        let rogue_server = server_config(&credentials(&rogue_ca, &server_id, &ca)).unwrap();
+        let e = handshake(client_config(&client, server_id).unwrap(), rogue_server).unwrap_err();
+        assert!(e.starts_with("client:"), "{e}");
+    }
+
     #[test]
     fn renewal_is_two_thirds_through() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);

@@ -48,6 +48,7 @@ pub mod series;
 pub mod sketch;
 pub mod snapshot;
 pub mod telemetry;
+pub mod tls;
 pub mod training;
 pub mod tunnel;
 pub mod usage;
