@@ -16,6 +16,16 @@ use weft_tests::*;
 
 type Seen = Arc<Mutex<Vec<http::HeaderMap>>>;
 
+/// Send each text or binary message back as it came, until the peer closes.
+async fn echo<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(ws: tokio_tungstenite::WebSocketStream<S>) {
+    let (mut tx, mut rx) = ws.split();
+    while let Some(Ok(m)) = rx.next().await {
+        if (m.is_text() || m.is_binary()) && tx.send(m).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// A WebSocket echo server: each text or binary message comes back as it came. Records each
 /// handshake's request headers.
 #[allow(clippy::result_large_err)] // the callback's type is tungstenite's
@@ -32,12 +42,8 @@ async fn echo_server() -> (SocketAddr, Seen) {
                     record.lock().unwrap().push(req.headers().clone());
                     Ok(resp)
                 };
-                let Ok(ws) = tokio_tungstenite::accept_hdr_async(s, on_handshake).await else { return };
-                let (mut tx, mut rx) = ws.split();
-                while let Some(Ok(m)) = rx.next().await {
-                    if (m.is_text() || m.is_binary()) && tx.send(m).await.is_err() {
-                        return;
-                    }
+                if let Ok(ws) = tokio_tungstenite::accept_hdr_async(s, on_handshake).await {
+                    echo(ws).await;
                 }
             });
         }
@@ -244,13 +250,7 @@ async fn h2_echo_server() -> SocketAddr {
                     tokio::spawn(async move {
                         let Ok(stream) = on.await else { return };
                         use tokio_tungstenite::tungstenite::protocol::Role;
-                        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(stream), Role::Server, None).await;
-                        let (mut tx, mut rx) = ws.split();
-                        while let Some(Ok(m)) = rx.next().await {
-                            if (m.is_text() || m.is_binary()) && tx.send(m).await.is_err() {
-                                return;
-                            }
-                        }
+                        echo(tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(stream), Role::Server, None).await).await;
                     });
                 }
                 let resp = http::Response::builder().status(status).body(http_body_util::Empty::<bytes::Bytes>::new()).unwrap();

@@ -234,16 +234,7 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool, upgrade: bool) -> 
         if code == 101 && !upgrade {
             return err("101 Switching Protocols, but no upgrade was asked for");
         }
-        if code == 101 {
-            let mut seen = Framing::default();
-            let list = Fields::read(buf, resp.headers, &mut seen);
-            if !seen.upgrade_protocol {
-                return err("101 Switching Protocols without an Upgrade header");
-            }
-            let fields = Fields::new(buf.split_to(len).freeze(), list);
-            return Ok(Some(Head { status, version, fields, framing: RespFraming::Length(0), keep_alive: false, reason: None }));
-        }
-        if (100..200).contains(&code) {
+        if (100..200).contains(&code) && code != 101 {
             buf.advance(len);
             continue; // informational (100 Continue, 103 Early Hints): the real answer follows
         }
@@ -252,6 +243,13 @@ pub fn parse_response(buf: &mut BytesMut, head_request: bool, upgrade: bool) -> 
         // A reason phrase other than the status's own goes on downstream as it came.
         let reason = resp.reason.filter(|r| !r.is_empty() && Some(*r) != status.canonical_reason()).map(|r| Bytes::copy_from_slice(r.as_bytes()));
         let mut fields = Fields::new(buf.split_to(len).freeze(), list);
+        if code == 101 {
+            // No body: what follows the head is the new protocol's.
+            if !seen.upgrade_protocol {
+                return err("101 Switching Protocols without an Upgrade header");
+            }
+            return Ok(Some(Head { status, version, fields, framing: RespFraming::Length(0), keep_alive: false, reason }));
+        }
         let framing = seen.framing(status, version, head_request)?;
         if seen.both_framings() {
             // Not forwarded: the chunks frame the body.

@@ -118,12 +118,6 @@ impl Fields {
             seen.note(kind, value);
             match kind {
                 Kind::TransferEncoding | Kind::Hop => continue,
-                // Kept to be read (`get`), marked so it is not forwarded.
-                Kind::Upgrade => {
-                    let (n, v) = ((name.as_ptr() as usize - base) as u32, (value.as_ptr() as usize - base) as u32);
-                    list.push(Field { span: (n, n + name.len() as u32, v, v + value.len() as u32), kind, listed: true });
-                    continue;
-                }
                 Kind::Connection => {
                     names_others |= connection_names(value).next().is_some();
                     continue;
@@ -134,7 +128,8 @@ impl Fields {
                 _ => {}
             }
             let (n, v) = ((name.as_ptr() as usize - base) as u32, (value.as_ptr() as usize - base) as u32);
-            list.push(Field { span: (n, n + name.len() as u32, v, v + value.len() as u32), kind, listed: false });
+            // `Upgrade` is kept to be read (`get`), marked so it is not forwarded.
+            list.push(Field { span: (n, n + name.len() as u32, v, v + value.len() as u32), kind, listed: kind == Kind::Upgrade });
         }
         if names_others {
             // Rare: mark the fields the `Connection` header names.
