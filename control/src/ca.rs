@@ -50,12 +50,9 @@ pub struct Leaf {
     pub not_after: SystemTime,
 }
 
-/// When a leaf issued for `[not_before, not_after]` should be renewed: two thirds through its
-/// life, so a renewal has a third of it to succeed in (a control plane down for hours).
-pub fn renew_at(not_before: SystemTime, not_after: SystemTime) -> SystemTime {
-    let life = not_after.duration_since(not_before).unwrap_or_default();
-    not_before + life.mul_f64(2.0 / 3.0)
-}
+/// When a leaf should be renewed: the sidecars' rule (two thirds through its life, so a
+/// renewal has a third of it to succeed in, a control plane down for hours).
+pub use weft_proxy::xds::issue::renew_at;
 
 /// The key stays out of `Debug`.
 pub struct MeshCa {
@@ -290,25 +287,25 @@ mod tests {
         let client_id = SpiffeId::workload("mesh.local", "apps", "web").unwrap();
         let server_id = SpiffeId::service("mesh.local", "chat").unwrap();
         let (client, server) = (credentials(&ca, &client_id, &ca), credentials(&ca, &server_id, &ca));
-        let server_cfg = server_config(&server).unwrap();
-        let (seen, alpn) = handshake(client_config(&client, server_id.clone()).unwrap(), server_cfg.clone()).unwrap();
+        let server_cfg = server_config(&server, "mesh.local").unwrap();
+        let (seen, alpn) = handshake(client_config(&client, weft_proxy::tls::Expect::one(server_id.clone()), b"h2").unwrap(), server_cfg.clone()).unwrap();
         assert_eq!(seen, Some(client_id.clone()), "the server reads the client's ID");
         assert_eq!(alpn, b"h2");
 
         // The client expected someone else: refused, naming both.
         let wrong = SpiffeId::service("mesh.local", "admin").unwrap();
-        let e = handshake(client_config(&client, wrong).unwrap(), server_cfg.clone()).unwrap_err();
+        let e = handshake(client_config(&client, weft_proxy::tls::Expect::one(wrong), b"h2").unwrap(), server_cfg.clone()).unwrap_err();
         assert!(e.starts_with("client:") && e.contains("spiffe://mesh.local/service/chat is not the expected spiffe://mesh.local/service/admin"), "{e}");
 
         // A client whose leaf another CA signed (same ID, trusting the real root): the server
         // refuses it.
         let rogue_ca = MeshCa::generate("mesh.local", now(), Duration::from_secs(3600)).unwrap();
         let rogue = credentials(&rogue_ca, &client_id, &ca);
-        let e = handshake(client_config(&rogue, server_id.clone()).unwrap(), server_cfg.clone()).unwrap_err();
+        let e = handshake(client_config(&rogue, weft_proxy::tls::Expect::one(server_id.clone()), b"h2").unwrap(), server_cfg.clone()).unwrap_err();
         assert!(e.starts_with("server:"), "{e}");
         // And a server with a rogue leaf is refused by the client.
-        let rogue_server = server_config(&credentials(&rogue_ca, &server_id, &ca)).unwrap();
-        let e = handshake(client_config(&client, server_id).unwrap(), rogue_server).unwrap_err();
+        let rogue_server = server_config(&credentials(&rogue_ca, &server_id, &ca), "mesh.local").unwrap();
+        let e = handshake(client_config(&client, weft_proxy::tls::Expect::one(server_id), b"h2").unwrap(), rogue_server).unwrap_err();
         assert!(e.starts_with("client:"), "{e}");
     }
 

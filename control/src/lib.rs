@@ -18,6 +18,7 @@ pub mod demo;
 pub mod envoy;
 pub mod experiments;
 pub mod fault;
+pub mod identity;
 pub mod leader_loop;
 pub mod metrics;
 pub mod placements;

@@ -216,7 +216,7 @@ fn parse<T: serde::de::DeserializeOwned>(spec: &Value) -> Result<T, FieldError> 
 /// The proxy's compiler run on `cfg`; its errors (`services.NAME.routes.r.cluster: ...`) are
 /// made relative to the spec being validated (`routes.r.cluster`).
 fn compile(cfg: Config, prefix: &str) -> Result<(), FieldError> {
-    let result = with_scratch_telemetry(|tel| weft_proxy::Snapshot::compile(cfg, None, 1, tel).map(|_| ()));
+    let result = with_scratch_telemetry(|tel| weft_proxy::Snapshot::compile(cfg, None, 1, tel, &weft_proxy::mtls::TlsContext::none()).map(|_| ()));
     result.map_err(|e| {
         let (field, message) = e.split_once(": ").unwrap_or(("", e.as_str()));
         let field = field.strip_prefix(prefix).map(|f| f.trim_start_matches('.')).unwrap_or(field);

@@ -16,6 +16,9 @@ use crate::reports::Tracker;
 use crate::store::{Member, Node, NodeId, Store, raft_config};
 use crate::transport::HttpNetwork;
 
+/// The trust domain when `--trust-domain` is not given.
+pub const DEFAULT_TRUST_DOMAIN: &str = "weft.local";
+
 /// Everything a node needs to start.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -49,6 +52,12 @@ pub struct Options {
     pub otlp_sample_ratio: f64,
     /// Where the Listener served to stock Envoy clients binds (in Envoy's network namespace).
     pub envoy_listener: SocketAddr,
+    /// The mesh's SPIFFE trust domain (workload IDs are `spiffe://TRUST_DOMAIN/...`).
+    pub trust_domain: String,
+    /// Lifetime of the workload certificates the mesh CA signs (sidecars renew at 2/3).
+    pub leaf_lifetime: Duration,
+    /// The user's own CA (certificate, key: PEM files); `None` = the root a leader makes.
+    pub ca_files: Option<(PathBuf, PathBuf)>,
 }
 
 impl Options {
@@ -71,6 +80,9 @@ impl Options {
             otlp_endpoint: None,
             otlp_sample_ratio: 1.0,
             envoy_listener: crate::envoy::DEFAULT_LISTENER_ADDRESS.parse().expect("a socket address"),
+            trust_domain: DEFAULT_TRUST_DOMAIN.into(),
+            leaf_lifetime: crate::ca::DEFAULT_LEAF_LIFETIME,
+            ca_files: None,
         }
     }
 }
@@ -155,7 +167,10 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     cache.observe(spans.clone());
     let peers = Arc::new(Peers::default());
     let reports = Arc::new(Tracker::new(node.clone(), api_addr.to_string(), opts.tokens.admin_token(), peers.clone()));
+    let ca_files = opts.ca_files.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+    let identity = Arc::new(crate::identity::Authority::new(node.clone(), &opts.trust_domain, opts.leaf_lifetime, ca_files)?);
     let state = Arc::new(AppState {
+        identity: identity.clone(),
         node: node.clone(),
         cache: cache.clone(),
         tokens: opts.tokens.clone(),
@@ -174,6 +189,10 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         tokio::spawn(crate::scaling::run(state.clone(), stopped.clone())),
         tokio::spawn(crate::rollouts::run(state.clone(), stopped.clone())),
         tokio::spawn(crate::training::run(state.clone(), stopped.clone())),
+        // The first leader makes the mesh CA's root (unless the user brought one).
+        tokio::spawn(crate::leader_loop::every(state.clone(), Duration::from_secs(1), stopped.clone(), "mesh CA", |_| {}, |st| async move {
+            st.identity.ensure_root().await
+        })),
     ];
 
     let app = api::router(state.clone());
@@ -193,6 +212,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
 
     let ads = weft_xds::AdsServer::new(cache.clone()).into_service();
     let report_service = reports.service();
+    let identity_service = weft_xds::resources::v1::identity_server::IdentityServer::new(crate::identity::Service(identity));
     // grpc.health.v1 beside ADS, so load balancers and `grpc_health_probe` can check the xDS
     // port itself: "" and the ADS service are SERVING while the port serves (it answers from
     // the cache even without a leader), NOT_SERVING once shutdown begins.
@@ -221,6 +241,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
             .add_service(reflection)
             .add_service(ads)
             .add_service(report_service)
+            .add_service(identity_service)
             .serve_with_incoming_shutdown(incoming, shutdown);
         if let Err(e) = server.await {
             tracing::error!(error = %e, "xDS server failed");

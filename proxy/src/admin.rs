@@ -33,6 +33,9 @@ pub fn run_control(
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(admin).expect("admin listener registers");
+        if let Some(mesh) = sh.tls.mesh.clone() {
+            tokio::spawn(crate::mtls::watch_files(mesh, sh.tls.clone(), opts.watch_interval));
+        }
         tokio::spawn(crate::reload::run(sh.clone(), opts));
         let upkeep = sh.clone();
         tokio::spawn(async move {

@@ -92,6 +92,8 @@ pub struct Cluster {
     pub connections: Arc<AtomicU32>,
     /// Counters shared by every build of this cluster (a reload that changes it keeps them).
     pub stats: Arc<ClusterStats>,
+    /// TLS origination (`tls`); `None` = plaintext.
+    pub origin: Option<crate::mtls::Origin>,
 }
 
 /// A cluster's counters. Shared across reloads, so `weft_requests_in_flight` counts the
@@ -147,6 +149,7 @@ impl Cluster {
         prev: Option<&Arc<Cluster>>,
         workers: usize,
         tel: &Telemetry,
+        tls: &Arc<crate::mtls::TlsContext>,
     ) -> Result<Arc<Cluster>, String> {
         if let Some(p) = prev.filter(|p| p.cfg == *cfg) {
             return Ok(p.clone());
@@ -158,7 +161,9 @@ impl Cluster {
         for ep in &cfg.endpoints {
             let addr = resolve(ep).map_err(|e| format!("clusters.{}.endpoints: {e}", cfg.name))?;
             let reused = prev.and_then(|p| {
-                p.endpoints.iter().find(|e| e.addr == addr && e.protocol == cfg.protocol).cloned()
+                // Pools of another TLS setting hold connections of the wrong kind.
+                let same_tls = p.cfg.tls == cfg.tls;
+                p.endpoints.iter().find(|e| same_tls && e.addr == addr && e.protocol == cfg.protocol).cloned()
             });
             endpoints.push(match reused {
                 Some(e) => e,
@@ -218,7 +223,9 @@ impl Cluster {
                     cfg.name, o.max_ejection_pct
                 ));
             }
+        let origin = crate::mtls::Origin::compile(cfg, tls)?;
         let cluster = Arc::new(Cluster {
+            origin,
             name,
             endpoints,
             rr: AtomicUsize::new(0),
@@ -240,8 +247,11 @@ impl Cluster {
         self.stats.overflows[o as usize].fetch_add(1, Relaxed);
     }
 
-    pub fn dial(&self) -> Dial<'_> {
+    /// How to connect to `ep`, one of this cluster's endpoints.
+    pub fn dial<'a>(&'a self, ep: &'a Endpoint) -> Dial<'a> {
         Dial {
+            label: &ep.label,
+            origin: self.origin.as_ref(),
             protocol: self.cfg.protocol,
             connect_timeout: self.cfg.connect_timeout.0,
             max_connections: self.cfg.circuit_breaker.max_connections,

@@ -22,6 +22,100 @@ pub struct Config {
     /// Present on a training worker's sidecar: the job whose shard map it subscribes to and
     /// hands to the trainer on loopback (see `training`).
     pub training: Option<Training>,
+    /// This sidecar's mesh identity for mutual TLS (see [`Identity`]); absent = no mTLS.
+    pub identity: Option<Identity>,
+}
+
+/// `identity`: who this sidecar is in the mesh, as a SPIFFE ID carried by its leaf certificate,
+/// and where its credentials come from. With an identity, inbound listeners require mutual TLS
+/// by default (`listeners[].tls.mode`), and clusters with `tls.mode: mesh` originate it.
+///
+/// ```yaml
+/// identity:
+///   spiffe_id: spiffe://weft.local/ns/default/sa/model-a   # or .../service/NAME; empty = the cert's
+///   cert_file: /etc/weft/tls/cert.pem    # leaf first, then any intermediates
+///   key_file: /etc/weft/tls/key.pem      # PKCS#8, readable by this sidecar alone
+///   ca_file: /etc/weft/tls/ca.pem        # the mesh root(s) peers must chain to
+/// ```
+///
+/// The three files are reread when they change (checked every second), so an outside issuer
+/// (cert-manager, SPIRE, a cron job) can rotate them; a set that does not load is logged and
+/// counted, and the previous one keeps serving.
+///
+/// Or weft-control issues them (with `--xds`): the sidecar makes its own key, sends the mesh
+/// CA a CSR with its join token, keeps what comes back in `dir`, and renews two thirds through
+/// each certificate's life. After a restart it serves what `dir` holds while that is valid, so
+/// a control plane that is down stops nothing until the certificate expires.
+///
+/// ```yaml
+/// identity:
+///   spiffe_id: spiffe://weft.local/service/model-a   # required: what the token admits
+///   token_file: /etc/weft/join-token     # from `weftctl identity token create`
+///   dir: /var/lib/weft/identity          # key.pem (0600), cert.pem, ca.pem
+/// ```
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Identity {
+    pub spiffe_id: String,
+    pub cert_file: String,
+    pub key_file: String,
+    pub ca_file: String,
+    pub token_file: String,
+    pub dir: String,
+}
+
+/// How a listener treats TLS (`listeners[].tls.mode`).
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerTlsMode {
+    /// Only mutual TLS with a peer of the mesh (a client certificate chaining to the mesh root,
+    /// with a SPIFFE ID of this trust domain); plaintext connections are refused.
+    Strict,
+    /// Mutual TLS when the client starts a TLS handshake, plaintext otherwise (each connection
+    /// counted by which it was): for migrating a service to mTLS.
+    Permissive,
+    /// Plaintext only.
+    Disabled,
+    /// Plain TLS with the listener's own certificate (`cert_file`, `key_file`) and no client
+    /// certificate: an ingress listener for clients outside the mesh.
+    Terminate,
+}
+
+/// `listeners[].tls`. Absent mode: `strict` on an inbound listener of a sidecar that has an
+/// `identity`, `disabled` otherwise (an outbound listener serves the local app on loopback).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerTls {
+    pub mode: Option<ListenerTlsMode>,
+    /// `terminate` only: the certificate chain and key (PEM) served to clients.
+    pub cert_file: String,
+    pub key_file: String,
+}
+
+/// How a cluster's upstream connections use TLS (`clusters[].tls.mode`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ClusterTlsMode {
+    /// Mutual TLS to other sidecars of the mesh with this sidecar's `identity`: the server must
+    /// chain to the mesh root and hold one of `identities` (any of the trust domain when empty).
+    #[default]
+    Mesh,
+    /// Plain TLS to an upstream outside the mesh: the server's certificate must be valid for
+    /// `sni` under `ca_file` (the system's roots when empty).
+    Simple,
+}
+
+/// `clusters[].tls`: absent = plaintext.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterTls {
+    pub mode: ClusterTlsMode,
+    /// `mesh`: SPIFFE IDs the upstream sidecars may hold.
+    pub identities: Vec<String>,
+    /// Server name sent (SNI) and, for `simple`, checked; default the endpoint's host.
+    pub sni: String,
+    /// `simple`: roots (PEM) the upstream must chain to; empty = the system's.
+    pub ca_file: String,
 }
 
 /// Workload identity of this sidecar; attached to every metric series and log line.
@@ -76,6 +170,7 @@ pub struct Listener {
     /// How long an HTTP/1.1 connection may sit idle between requests before the proxy closes
     /// it (nginx's `keepalive_timeout`, Envoy's connection `idle_timeout`). 0 = never.
     pub keepalive_timeout: Dur,
+    pub tls: ListenerTls,
 }
 
 impl Default for Listener {
@@ -87,6 +182,7 @@ impl Default for Listener {
             max_header_bytes: 64 * 1024,
             header_read_timeout: Dur::default(),
             keepalive_timeout: Dur::from_millis(3_600_000),
+            tls: ListenerTls::default(),
         }
     }
 }
@@ -263,7 +359,7 @@ pub enum LbPolicy {
     RoundRobin,
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, Hash)]
 #[serde(rename_all = "snake_case")]
 pub enum UpstreamProtocol {
     /// HTTP/1.1 with a keep-alive pool.
@@ -286,6 +382,7 @@ pub struct Cluster {
     pub max_idle_per_endpoint: usize,
     pub circuit_breaker: CircuitBreaker,
     pub outlier: Option<Outlier>,
+    pub tls: Option<ClusterTls>,
 }
 
 impl Default for Cluster {
@@ -299,6 +396,7 @@ impl Default for Cluster {
             max_idle_per_endpoint: 128,
             circuit_breaker: CircuitBreaker::default(),
             outlier: None,
+            tls: None,
         }
     }
 }

@@ -34,6 +34,7 @@ pub mod limit;
 pub mod logging;
 pub mod linger;
 pub mod model_sim;
+pub mod mtls;
 pub mod otlp;
 pub mod otlp_metrics;
 pub mod outlier;
@@ -47,6 +48,7 @@ pub mod shadow;
 pub mod series;
 pub mod sketch;
 pub mod snapshot;
+pub mod stream;
 pub mod telemetry;
 pub mod tls;
 pub mod training;
@@ -69,6 +71,8 @@ use telemetry::Telemetry;
 pub struct Shared {
     pub snapshot: ArcSwap<Snapshot>,
     pub telemetry: Telemetry,
+    /// The mesh identity and TLS counters (fixed for the process: `identity` needs a restart).
+    pub tls: Arc<mtls::TlsContext>,
     pub workers: usize,
     pub shadows_in_flight: AtomicUsize,
     /// `true` once draining: listeners stop accepting, connections close when idle.
@@ -85,6 +89,7 @@ impl Shared {
     fn new(
         snapshot: Snapshot,
         telemetry: Telemetry,
+        tls: Arc<mtls::TlsContext>,
         workers: usize,
         configured: (Vec<String>, config::Admin),
         training: Option<Arc<training::Trainer>>,
@@ -94,6 +99,7 @@ impl Shared {
             configured,
             snapshot: ArcSwap::from_pointee(snapshot),
             telemetry,
+            tls,
             workers,
             shadows_in_flight: AtomicUsize::new(0),
             draining: tokio::sync::watch::Sender::new(false),
@@ -123,6 +129,10 @@ impl Shared {
         if !same_listeners {
             return Err("listeners: names and addresses cannot change on reload; restart the proxy to change them".into());
         }
+        if cfg.identity != cur.config.identity {
+            return Err("identity: cannot change on reload; restart the proxy to change it (the files it names are reread when they change)".into());
+        }
+        mtls::check(&cfg, self.tls.mesh.is_some())?;
         if cfg.training != cur.config.training {
             return Err("training: cannot change on reload; restart the proxy to change it".into());
         }
@@ -137,7 +147,7 @@ impl Shared {
             new.address = bound.address.clone();
         }
         cfg.admin = cur.config.admin.clone();
-        let snap = Snapshot::compile(cfg, Some(&cur), self.workers, &self.telemetry)?;
+        let snap = Snapshot::compile(cfg, Some(&cur), self.workers, &self.telemetry, &self.tls)?;
         // Reconfigured on every apply (a SIGHUP after log rotation reopens the access log), but
         // an unchanged section that cannot be set up again (the log's directory is gone, say)
         // keeps the running one rather than refusing the config: otherwise every xDS push

@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use crate::body::ReqBody;
 use crate::config::UpstreamProtocol;
 use crate::h1;
+use crate::stream::Stream;
 
 pub type H2 = http2::SendRequest<ReqBody>;
 
@@ -53,6 +54,10 @@ struct Idle {
 
 /// Connection-level settings shared by the endpoints of a cluster.
 pub struct Dial<'a> {
+    /// The endpoint's `host:port` as configured (the TLS server name when none is set).
+    pub label: &'a str,
+    /// TLS origination, if the cluster has it.
+    pub origin: Option<&'a crate::mtls::Origin>,
     pub protocol: UpstreamProtocol,
     pub connect_timeout: Duration,
     pub max_connections: u32,
@@ -66,7 +71,7 @@ impl Pool {
             UpstreamProtocol::Http1 => {
                 loop {
                     let popped = self.idle.lock().unwrap().conns.pop();
-                    let Some((conn, _)) = popped else { break };
+                    let Some((mut conn, _)) = popped else { break };
                     if conn.is_usable() {
                         return Ok(Conn::H1 { conn, reused: true });
                     }
@@ -107,7 +112,7 @@ impl Pool {
         let mut idle = self.idle.lock().unwrap();
         idle.sweeps = idle.sweeps.wrapping_add(1);
         let now = idle.sweeps;
-        idle.conns.retain(|(c, at)| now.wrapping_sub(*at) < MAX_IDLE_SWEEPS && c.is_usable());
+        idle.conns.retain_mut(|(c, at)| now.wrapping_sub(*at) < MAX_IDLE_SWEEPS && c.is_usable());
     }
 
     pub fn idle_count(&self) -> usize {
@@ -142,19 +147,37 @@ impl Drop for ConnSlot {
     }
 }
 
-async fn connect(addr: SocketAddr, dial: &Dial<'_>) -> Result<(TcpStream, ConnSlot), ConnectError> {
+/// A TCP connection, with its TLS handshake done if the cluster has TLS; `connect_timeout`
+/// bounds both.
+async fn connect(addr: SocketAddr, dial: &Dial<'_>) -> Result<(Stream, ConnSlot), ConnectError> {
     if dial.open.fetch_add(1, Relaxed) >= dial.max_connections {
         dial.open.fetch_sub(1, Relaxed);
         return Err(ConnectError::Overflow);
     }
     let slot = ConnSlot(dial.open.clone());
-    let stream = match tokio::time::timeout(dial.connect_timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(ConnectError::Failed(e.to_string())),
-        Err(_) => return Err(ConnectError::Timeout),
+    let tls = dial.origin.map(|o| o.dial(dial.label, dial.protocol)).transpose().map_err(ConnectError::Failed)?;
+    let open = async {
+        let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let _ = tcp.set_nodelay(true);
+        let Some(t) = tls else { return Ok(Stream::Tcp(tcp)) };
+        match tokio_rustls::TlsConnector::from(t.config).connect(t.name, tcp).await {
+            Ok(s) => {
+                t.stats.handshake("client", Ok(()));
+                Ok(Stream::Tls(Box::new(s)))
+            }
+            Err(e) => {
+                let reason = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()).map_or("error", crate::tls::failure_reason);
+                t.stats.handshake("client", Err(reason));
+                tracing::warn!(upstream = %addr, reason, error = %e, "TLS handshake with the upstream failed");
+                Err(format!("TLS handshake with {addr} failed: {e}"))
+            }
+        }
     };
-    let _ = stream.set_nodelay(true);
-    Ok((stream, slot))
+    match tokio::time::timeout(dial.connect_timeout, open).await {
+        Ok(Ok(s)) => Ok((s, slot)),
+        Ok(Err(e)) => Err(ConnectError::Failed(e)),
+        Err(_) => Err(ConnectError::Timeout),
+    }
 }
 
 fn handshake_failed(e: hyper::Error) -> ConnectError {

@@ -79,6 +79,8 @@ async fn serve(
     span: &mut Option<otlp::ReqSpan>,
 ) -> Result<Response<RespBody>, Local> {
     let (mut parts, body) = req.into_parts();
+    // How the connection came (set on TLS connections; none = plaintext).
+    let peer = parts.extensions.remove::<Arc<crate::mtls::Peer>>();
     let mut headers = ReqHeaders::new(std::mem::take(&mut parts.headers), fields);
     // A WebSocket handshake (weft's HTTP/1.1 server marks it): the protocol it asks for.
     let mut upgrade = parts.extensions.get::<h1::UpgradeRequest>().and_then(|_| headers.get_shared(&header::UPGRADE));
@@ -228,7 +230,7 @@ async fn serve(
         crate::tunnel::on_response(&mut rparts, &incoming, h2_stream, h2_cluster, settings)?;
     }
     sent.held.hand_over();
-    let on_end = finish_on_end(sh, cluster, sent.ep, slot, std::mem::take(labels), start, sent.attempts - 1, &req_parts, ending);
+    let on_end = finish_on_end(sh, cluster, sent.ep, slot, std::mem::take(labels), start, sent.attempts - 1, &req_parts, ending, peer);
     let content_type = match incoming.fields() {
         Some(f) => f.get("content-type"),
         None => headers::find(&rparts.headers, &header::CONTENT_TYPE).map(|v| v.as_bytes()),
@@ -754,7 +756,7 @@ async fn exchange(
     last: bool,
 ) -> Result<Response<UpBody>, Attempt> {
     let ep = &cluster.endpoints[ep_i];
-    let dial = cluster.dial();
+    let dial = cluster.dial(ep);
     if cluster.pending.fetch_add(1, Relaxed) >= cluster.cfg.circuit_breaker.max_pending {
         cluster.pending.fetch_sub(1, Relaxed);
         return Err(Attempt::Pending);
@@ -819,11 +821,12 @@ fn finish_on_end(
     retries: u32,
     parts: &ReqParts,
     span: Option<otlp::ReqSpan>,
+    peer: Option<Arc<crate::mtls::Peer>>,
 ) -> crate::body::OnEnd {
     let sh = sh.clone();
     let cluster = cluster.clone();
     // Boxed: the access log is off by default, and the closure is moved into its box whole.
-    let log = sh.telemetry.access_log_enabled().then(|| Box::new((parts.method.clone(), parts.uri.clone(), telemetry::trace_id(&parts.traceparent).to_string())));
+    let log = sh.telemetry.access_log_enabled().then(|| Box::new((parts.method.clone(), parts.uri.clone(), telemetry::trace_id(&parts.traceparent).to_string(), peer)));
     Box::new(move |end: End, stream: crate::usage::StreamInfo| {
         release(&cluster, ep);
         let elapsed = start.elapsed();
@@ -833,7 +836,7 @@ fn finish_on_end(
             s.ended(&labels, end, ttfb, stream.tokens);
         }
         if let Some(log) = log {
-            let (method, uri, trace) = *log;
+            let (method, uri, trace, peer) = *log;
             sh.telemetry.access_log(|| serde_json::json!({
                 "time_ms": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
                 "method": method.as_str(), "path": uri.to_string(), "service": &*labels.service,
@@ -842,6 +845,8 @@ fn finish_on_end(
                 "model_name": &*labels.model_name, "tenant_id": &*labels.tenant_id,
                 "duration_ms": elapsed.as_secs_f64() * 1000.0, "retries": retries,
                 "end": format!("{end:?}"), "trace_id": trace,
+                "tls": peer.as_ref().map_or("plaintext", |p| p.mode()),
+                "peer_identity": peer.as_ref().and_then(|p| p.identity()),
                 "ttfb_ms": ttfb.map(|d| d.as_secs_f64() * 1000.0),
                 "input_tokens": stream.tokens.map(|t| t.input), "output_tokens": stream.tokens.map(|t| t.output),
             }));

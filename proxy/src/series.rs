@@ -410,6 +410,15 @@ pub(crate) const LIVE_FAMILIES: &[(&str, &str, &str)] = &[
     ("weft_tunnels_closed_total", "counter", "Upgraded connections ended, by reason (closed, idle_timeout, error, drain)."),
     ("weft_variant_requests_in_flight", "gauge", "Requests in flight per experiment variant (response streams included)."),
     ("weft_shed_total", "counter", "Requests shed by a variant's concurrency/pending limit."),
+    (
+        "weft_tls_handshakes_total",
+        "counter",
+        "TLS handshakes by side (server: a listener's, client: to a cluster) and result (ok, or why refused: plaintext, expired, unknown_issuer, no_client_certificate, no_spiffe_id, wrong_trust_domain, wrong_identity, ...).",
+    ),
+    ("weft_downstream_connections_total", "counter", "Downstream connections accepted per listener, by how they came (mtls, tls, plaintext)."),
+    ("weft_tls_credential_reloads_total", "counter", "Mesh credential reloads by result (rotated, unchanged, failed)."),
+    ("weft_tls_certificate_expiry_timestamp_seconds", "gauge", "When the sidecar's current mesh certificate expires (Unix seconds)."),
+    ("weft_tls_certificate_issued_timestamp_seconds", "gauge", "When the sidecar's current mesh certificate became valid (Unix seconds)."),
 ];
 
 /// The tracked [`Live`] objects of one proxy.

@@ -74,7 +74,13 @@ impl Proxy {
             Some(t) => Some(Arc::new(crate::training::Trainer::from_config(t, &cfg.node.id)?)),
         };
         let telemetry = Telemetry::new(&cfg.node);
-        let snap = Snapshot::compile(cfg.clone(), None, workers, &telemetry)?;
+        let tls = crate::mtls::TlsContext::new(cfg.identity.as_ref())?;
+        crate::mtls::check(&cfg, tls.mesh.is_some())?;
+        if tls.mesh.as_ref().is_some_and(|m| m.issued.is_some()) && opts.xds.is_none() {
+            return Err("identity.token_file: certificates are issued by weft-control; run with --xds".into());
+        }
+        telemetry.track(Arc::downgrade(&(tls.clone() as Arc<dyn crate::series::Live>)));
+        let snap = Snapshot::compile(cfg.clone(), None, workers, &telemetry, &tls)?;
         telemetry.configure(&cfg.telemetry)?;
 
         // Bind everything up front so a busy port is an error now, not a log line later.
@@ -111,7 +117,7 @@ impl Proxy {
         let mut snap = snap;
         snap.config = cfg;
 
-        let shared = Arc::new(Shared::new(snap, telemetry, workers, configured, training));
+        let shared = Arc::new(Shared::new(snap, telemetry, tls, workers, configured, training));
         let (stop, _) = tokio::sync::watch::channel(false);
         let mut threads = Vec::new();
         for (id, socks) in sockets.into_iter().enumerate() {
@@ -246,18 +252,20 @@ fn run_worker(id: usize, sh: Arc<Shared>, sockets: Vec<std::net::TcpListener>) {
 
 fn serve_conn(sh: &Arc<Shared>, drain: &Drain, li: usize, stream: tokio::net::TcpStream) {
     let _ = stream.set_nodelay(true);
-    let settings = {
+    let (settings, tls) = {
         let snap = sh.snapshot.load();
         let l = &snap.config.listeners[li];
-        crate::h1::server::Settings {
+        let settings = crate::h1::server::Settings {
             max_head: l.max_header_bytes,
             header_timeout: l.header_read_timeout.non_zero(),
             keepalive_timeout: l.keepalive_timeout.non_zero(),
             accepted: tokio::time::Instant::now(),
-        }
+        };
+        let rt = &snap.listeners[li];
+        (settings, (rt.name.clone(), rt.tls.clone()))
     };
     let closing = Arc::new(AtomicBool::new(false));
-    let conn = drain.watch(Closable::new(downstream(sh.clone(), li, stream, settings, closing.clone()), closing));
+    let conn = drain.watch(Closable::new(downstream(sh.clone(), li, stream, settings, tls, closing.clone()), closing));
     tokio::spawn(conn);
 }
 
@@ -265,9 +273,24 @@ fn serve_conn(sh: &Arc<Shared>, drain: &Drain, li: usize, stream: tokio::net::Tc
 /// opens with it.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Serve one downstream connection: HTTP/2 if it opens with the preface (on hyper), else
-/// HTTP/1.1 (weft's own server, [`crate::h1::server`]).
-async fn downstream(sh: Arc<Shared>, li: usize, mut tcp: TcpStream, settings: crate::h1::server::Settings, closing: Arc<AtomicBool>) {
+/// The first byte of a TLS handshake record (RFC 8446 §5.1): no HTTP request starts with it.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// How long a TLS handshake may take when the listener sets no `header_read_timeout`.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serve one downstream connection: TLS if it opens with a handshake and the listener takes
+/// TLS (then HTTP/2 or HTTP/1.1 by ALPN, on hyper: [`serve_tls`]); else HTTP/2 if it opens
+/// with the preface (on hyper), else HTTP/1.1 (weft's own server, [`crate::h1::server`]).
+async fn downstream(
+    sh: Arc<Shared>,
+    li: usize,
+    mut tcp: TcpStream,
+    settings: crate::h1::server::Settings,
+    (listener, tls): (Arc<str>, crate::mtls::ListenerTls),
+    closing: Arc<AtomicBool>,
+) {
+    use crate::mtls::ListenerTls;
     let mut first = BytesMut::with_capacity(8 * 1024);
     // Read until the bytes can no longer be the preface's start, or are all of it.
     // Read until the bytes can no longer be the preface's start, or are all of it; a drain
@@ -295,38 +318,164 @@ async fn downstream(sh: Arc<Shared>, li: usize, mut tcp: TcpStream, settings: cr
     if !got {
         return;
     }
+    let stats = &sh.tls.stats;
+    match (&tls, first[0] == TLS_HANDSHAKE) {
+        (ListenerTls::Disabled, _) | (ListenerTls::Mesh { strict: false }, false) => {}
+        (ListenerTls::Mesh { strict: true } | ListenerTls::Terminate(_), false) => {
+            return refuse_plaintext(tcp, &listener, tls.mode(), stats).await;
+        }
+        (ListenerTls::Mesh { .. } | ListenerTls::Terminate(_), true) => {
+            let limit = settings.header_timeout.unwrap_or(HANDSHAKE_TIMEOUT);
+            return serve_tls(sh.clone(), li, tcp, first.freeze(), &listener, &tls, limit, settings.max_head, closing).await;
+        }
+    }
+    stats.connection(&listener, "plaintext");
     if first.starts_with(H2_PREFACE) {
-        serve_h2(sh, li, tcp, first.freeze(), settings.max_head, closing).await;
+        let io = Rewind { read: first.freeze(), io: crate::linger::Lingering::new(tcp) };
+        serve_h2(sh, li, io, None, settings.max_head, closing).await;
     } else {
         crate::h1::server::serve(sh, li, tcp, first, settings, closing).await;
     }
 }
 
-async fn serve_h2(sh: Arc<Shared>, li: usize, tcp: TcpStream, read: Bytes, max_head: usize, closing: Arc<AtomicBool>) {
-    let svc = service_fn(move |req: Request<Incoming>| {
+/// A plaintext client on a listener that takes only TLS: answered as nginx answers HTTP on an
+/// HTTPS port (an HTTP/1.1 400 that says why, which a person with curl can read), counted and
+/// logged, and closed.
+async fn refuse_plaintext(mut tcp: TcpStream, listener: &Arc<str>, mode: &str, stats: &crate::mtls::TlsStats) {
+    use tokio::io::AsyncWriteExt;
+    stats.handshake("server", Err("plaintext"));
+    let peer = tcp.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+    tracing::warn!(listener = &**listener, peer, mode, "plaintext connection refused: this listener requires TLS");
+    let body = format!("plaintext request on listener {listener:?}, which requires {} (tls mode {mode})\n", if mode == "strict" { "mutual TLS" } else { "TLS" });
+    let resp = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\nx-weft-error: tls_required\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(resp.as_bytes())).await;
+    let _ = tcp.shutdown().await;
+}
+
+/// A TLS connection: the handshake (what was already read is its start), the peer's identity,
+/// then HTTP/2 or HTTP/1.1 as ALPN chose, on hyper. A handshake that fails is counted by
+/// reason and logged; the listener goes on serving everyone else.
+#[allow(clippy::too_many_arguments)]
+async fn serve_tls(
+    sh: Arc<Shared>,
+    li: usize,
+    tcp: TcpStream,
+    read: Bytes,
+    listener: &Arc<str>,
+    tls: &crate::mtls::ListenerTls,
+    limit: Duration,
+    max_head: usize,
+    closing: Arc<AtomicBool>,
+) {
+    use crate::mtls::{ListenerTls, Peer};
+    let stats = &sh.tls.stats;
+    let peer_addr = tcp.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+    let config = match tls {
+        ListenerTls::Terminate(c) => c.clone(),
+        _ => match sh.tls.mesh.as_ref().and_then(|m| m.current()) {
+            Some(c) => c.server_config(),
+            None => {
+                stats.handshake("server", Err("no_certificate_yet"));
+                return tracing::warn!(listener = &**listener, peer = peer_addr, "TLS connection refused: this sidecar has no certificate yet");
+            }
+        },
+    };
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(Rewind { read, io: tcp });
+    let stream = match tokio::time::timeout(limit, accept).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            let reason = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()).map_or("error", crate::tls::failure_reason);
+            stats.handshake("server", Err(reason));
+            return tracing::warn!(listener = &**listener, peer = peer_addr, reason, error = %e, "TLS handshake refused");
+        }
+        Err(_) => {
+            stats.handshake("server", Err("timeout"));
+            return tracing::warn!(listener = &**listener, peer = peer_addr, "TLS handshake timed out");
+        }
+    };
+    stats.handshake("server", Ok(()));
+    let (_, conn) = stream.get_ref();
+    let peer = match tls {
+        ListenerTls::Terminate(_) => Peer::Tls,
+        _ => match conn.peer_certificates().and_then(crate::tls::peer_id) {
+            Some(id) => Peer::Mesh(Arc::from(id.to_string())),
+            // The verifier requires one; kept as a guard.
+            None => return stats.handshake("server", Err("no_spiffe_id")),
+        },
+    };
+    stats.connection(listener, peer.mode());
+    let h2 = conn.alpn_protocol() == Some(b"h2");
+    let peer = Some(Arc::new(peer));
+    if h2 {
+        serve_h2(sh, li, stream, peer, max_head, closing).await;
+    } else {
+        serve_h1_hyper(sh, li, stream, peer, max_head, closing).await;
+    }
+}
+
+/// The service hyper runs for each request of a connection; `peer` (a TLS connection's) goes
+/// in each request's extensions.
+fn service(
+    sh: Arc<Shared>,
+    li: usize,
+    peer: Option<Arc<crate::mtls::Peer>>,
+) -> impl hyper::service::Service<Request<Incoming>, Response = http::Response<crate::body::RespBody>, Error = std::convert::Infallible, Future: Send> + Clone {
+    service_fn(move |mut req: Request<Incoming>| {
         let sh = sh.clone();
+        if let Some(p) = &peer {
+            req.extensions_mut().insert(p.clone());
+        }
         async move {
             let mut resp = crate::proxy::handle(sh, li, req.map(DownBody::H2), None).await?;
             // An HTTP/1.1 upstream's fields travel beside the map (`h1::fields`); hyper's
-            // HTTP/2 writer needs them in it.
+            // writers need them in it.
             if let Some(f) = resp.body_mut().take_fields() {
                 f.copy_into(resp.headers_mut());
             }
             Ok::<_, std::convert::Infallible>(resp)
         }
-    });
+    })
+}
+
+/// HTTP/1.1 on hyper, for TLS connections (weft's own HTTP/1.1 server runs on plain sockets).
+async fn serve_h1_hyper<I>(sh: Arc<Shared>, li: usize, io: I, peer: Option<Arc<crate::mtls::Peer>>, max_head: usize, closing: Arc<AtomicBool>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(TokioTimer::new()).max_buf_size(max_head.max(8192));
+    let conn = b.serve_connection(TokioIo::new(io), service(sh, li, peer));
+    drive(conn, &closing, |c| c.graceful_shutdown()).await;
+}
+
+async fn serve_h2<I>(sh: Arc<Shared>, li: usize, io: I, peer: Option<Arc<crate::mtls::Peer>>, max_head: usize, closing: Arc<AtomicBool>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service(sh, li, peer);
     let mut b = http2::Builder::new(TokioExecutor::new());
     // Extended CONNECT (RFC 8441): WebSockets over HTTP/2 (`crate::tunnel`).
     b.timer(TokioTimer::new()).max_header_list_size(max_head as u32).max_concurrent_streams(1024).enable_connect_protocol();
-    // Closed lingering, so a client still uploading reads an early answer (see `linger`).
-    let io = Rewind { read, io: crate::linger::Lingering::new(tcp) };
     let conn = b.serve_connection(TokioIo::new(io), svc);
+    drive(conn, &closing, |c| c.graceful_shutdown()).await;
+}
+
+/// Run a hyper connection to its end; once `closing` is set (a drain), ask it to shut down
+/// gracefully (`shutdown`: the connection type's own `graceful_shutdown`).
+async fn drive<C, E>(conn: C, closing: &AtomicBool, shutdown: impl Fn(Pin<&mut C>))
+where
+    C: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
     tokio::pin!(conn);
     let mut asked = false;
     let done = std::future::poll_fn(|cx| {
         if !asked && closing.load(Ordering::Acquire) {
             asked = true;
-            conn.as_mut().graceful_shutdown();
+            shutdown(conn.as_mut());
         }
         conn.as_mut().poll(cx)
     });
@@ -335,14 +484,15 @@ async fn serve_h2(sh: Arc<Shared>, li: usize, tcp: TcpStream, read: Bytes, max_h
     }
 }
 
-/// A socket with the bytes already read from it (while looking for the HTTP/2 preface) put
-/// back in front.
-struct Rewind {
+/// A socket with the bytes already read from it (while looking for the HTTP/2 preface or a TLS
+/// handshake) put back in front. A plaintext one is closed lingering, so a client still
+/// uploading reads an early answer (see `linger`).
+struct Rewind<I> {
     read: Bytes,
-    io: crate::linger::Lingering,
+    io: I,
 }
 
-impl AsyncRead for Rewind {
+impl<I: AsyncRead + Unpin> AsyncRead for Rewind<I> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         if !self.read.is_empty() {
             let n = self.read.len().min(buf.remaining());
@@ -353,7 +503,7 @@ impl AsyncRead for Rewind {
     }
 }
 
-impl AsyncWrite for Rewind {
+impl<I: AsyncWrite + Unpin> AsyncWrite for Rewind<I> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.io).poll_write(cx, buf)
     }

@@ -93,7 +93,7 @@ pub(crate) fn spawn(
             let _held = Held::take(&cluster, ep_i);
             let sent = Instant::now();
             let exchange = async {
-                let conn = ep.pool().checkout(ep.addr, &cluster.dial()).await.map_err(|_| "connect_failure")?;
+                let conn = ep.pool().checkout(ep.addr, &cluster.dial(ep)).await.map_err(|_| "connect_failure")?;
                 let max_idle = cluster.cfg.max_idle_per_endpoint;
                 let resp = crate::proxy::send(conn, ep, max_idle, &mut req, ReqBody::full(data), true).await.map_err(|_| "reset")?;
                 ep.load.finished(sent, false);

@@ -33,6 +33,7 @@ pub struct ListenerRt {
     pub address: SocketAddr,
     pub direction: Direction,
     pub hosts: HostTable,
+    pub tls: crate::mtls::ListenerTls,
 }
 
 pub struct ServiceRt {
@@ -127,6 +128,7 @@ impl Snapshot {
         prev: Option<&Snapshot>,
         workers: usize,
         tel: &Telemetry,
+        tls: &Arc<crate::mtls::TlsContext>,
     ) -> Result<Snapshot, String> {
         unique("listeners", cfg.listeners.iter().map(|l| l.name.as_str()))?;
         unique("services", cfg.services.iter().map(|s| s.name.as_str()))?;
@@ -147,7 +149,7 @@ impl Snapshot {
         let mut cluster_idx = HashMap::new();
         for (i, c) in cfg.clusters.iter().enumerate() {
             let old = prev.and_then(|p| p.clusters.iter().find(|x| x.cfg.name == c.name));
-            clusters.push(Cluster::build(c, old, workers, tel)?);
+            clusters.push(Cluster::build(c, old, workers, tel, tls)?);
             cluster_idx.insert(c.name.as_str(), i);
         }
         let find_cluster = |field: String, name: &str| {
@@ -218,7 +220,8 @@ impl Snapshot {
                     }
                 }
             }
-            listeners.push(ListenerRt { name: Arc::from(l.name.as_str()), address, direction: l.direction, hosts });
+            let tls = crate::mtls::ListenerTls::compile(l, cfg.identity.is_some())?;
+            listeners.push(ListenerRt { name: Arc::from(l.name.as_str()), address, direction: l.direction, hosts, tls });
         }
         for s in &cfg.services {
             for n in &s.listeners {
@@ -367,7 +370,7 @@ mod tests {
 
     fn compile(yaml: &str) -> Result<Snapshot, String> {
         let tel = Telemetry::new(&config::Node::default());
-        Snapshot::compile(Config::from_yaml(yaml)?, None, 1, &tel)
+        Snapshot::compile(Config::from_yaml(yaml)?, None, 1, &tel, &crate::mtls::TlsContext::none())
     }
 
     const OK: &str = r#"

@@ -8,15 +8,19 @@
 
 use std::sync::Arc;
 
+use std::time::SystemTime;
+
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject};
-use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 
 use crate::identity::{SpiffeId, crypto_provider, uri_sans};
 
-/// ALPN, most preferred first: HTTP/2 between sidecars, HTTP/1.1 for what only speaks that.
-const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+/// ALPN a server offers, most preferred first: HTTP/2 between sidecars, HTTP/1.1 for what only
+/// speaks that. A client offers the one protocol its pool speaks.
+pub const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// A sidecar's TLS identity and what it trusts.
 #[derive(Clone, Debug)]
@@ -29,13 +33,7 @@ pub struct Credentials {
 impl Credentials {
     /// From PEM: the leaf (and any intermediates after it), its PKCS#8 key, the mesh root(s).
     pub fn from_pem(chain_pem: &str, key_pem: &str, roots_pem: &str) -> Result<Credentials, String> {
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("certificate chain: {e}"))?;
-        if chain.is_empty() {
-            return Err("certificate chain: no CERTIFICATE block".into());
-        }
-        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| format!("private key: {e}"))?;
+        let (chain, key) = chain_and_key(chain_pem, key_pem)?;
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(roots_pem.as_bytes()) {
             let cert = cert.map_err(|e| format!("roots: {e}"))?;
@@ -46,14 +44,85 @@ impl Credentials {
         }
         Ok(Credentials { chain, key: Arc::new(key), roots: Arc::new(roots) })
     }
+
+    /// The leaf, DER.
+    pub fn leaf(&self) -> &[u8] {
+        &self.chain[0]
+    }
+
+    /// The leaf's SPIFFE ID (its URI SAN), if it has one weft accepts.
+    pub fn id(&self) -> Option<SpiffeId> {
+        peer_id(&self.chain)
+    }
+
+    /// When the leaf expires.
+    pub fn not_after(&self) -> Result<SystemTime, String> {
+        validity(&self.chain[0]).map(|(_, to)| to)
+    }
+
+    /// When the leaf became valid.
+    pub fn not_before(&self) -> Result<SystemTime, String> {
+        validity(&self.chain[0]).map(|(from, _)| from)
+    }
 }
 
-/// The server side: a client certificate chaining to the mesh root is required.
-pub fn server_config(c: &Credentials) -> Result<Arc<rustls::ServerConfig>, String> {
+/// A certificate chain (leaf first) and its key, from PEM.
+fn chain_and_key(chain_pem: &str, key_pem: &str) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("certificate chain: {e}"))?;
+    if chain.is_empty() {
+        return Err("certificate chain: no CERTIFICATE block".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| format!("private key: {e}"))?;
+    Ok((chain, key))
+}
+
+/// A certificate's validity period.
+pub fn validity(der: &[u8]) -> Result<(SystemTime, SystemTime), String> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let at = |t: ASN1Time| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(t.timestamp().max(0) as u64);
+    Ok((at(cert.validity().not_before), at(cert.validity().not_after)))
+}
+
+/// Which servers a client accepts: those of `trust_domain` holding one of `ids` (any of the
+/// trust domain when `ids` is empty).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Expect {
+    pub trust_domain: String,
+    pub ids: Vec<SpiffeId>,
+}
+
+impl Expect {
+    pub fn one(id: SpiffeId) -> Expect {
+        Expect { trust_domain: id.trust_domain().to_string(), ids: vec![id] }
+    }
+
+    fn check(&self, got: Option<SpiffeId>) -> Result<(), String> {
+        match got {
+            Some(id) if self.ids.contains(&id) => Ok(()),
+            Some(id) if self.ids.is_empty() && id.trust_domain() == self.trust_domain => Ok(()),
+            Some(id) if id.trust_domain() != self.trust_domain => {
+                Err(format!("server identity {id} is not of trust domain {:?}", self.trust_domain))
+            }
+            Some(id) => Err(format!(
+                "server identity {id} is not the expected {}",
+                self.ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" or ")
+            )),
+            None => Err("server certificate has no SPIFFE ID (URI SAN)".into()),
+        }
+    }
+}
+
+/// The server side: a client certificate chaining to the mesh root, with a SPIFFE ID of
+/// `trust_domain`, is required.
+pub fn server_config(c: &Credentials, trust_domain: &str) -> Result<Arc<rustls::ServerConfig>, String> {
     let provider = crypto_provider();
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(c.roots.clone(), provider.clone())
+    let inner = rustls::server::WebPkiClientVerifier::builder_with_provider(c.roots.clone(), provider.clone())
         .build()
         .map_err(|e| format!("client verifier: {e}"))?;
+    let verifier = Arc::new(SpiffeClientVerifier { inner, trust_domain: trust_domain.to_string() });
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
@@ -61,12 +130,62 @@ pub fn server_config(c: &Credentials) -> Result<Arc<rustls::ServerConfig>, Strin
         .with_single_cert(c.chain.clone(), c.key.clone_key())
         .map_err(|e| format!("server certificate: {e}"))?;
     cfg.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    // No resumption between sidecars: a resumed session skips the certificate checks, so an
+    // expired (or rotated-out) leaf would go on opening connections. Pools keep connections
+    // open, so full handshakes are per connection, not per request.
+    cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    cfg.send_tls13_tickets = 0;
+    Ok(Arc::new(cfg))
+}
+
+/// A server for clients outside the mesh: the listener's own certificate, no client
+/// certificate asked for.
+pub fn terminate_config(chain_pem: &str, key_pem: &str) -> Result<Arc<rustls::ServerConfig>, String> {
+    let (chain, key) = chain_and_key(chain_pem, key_pem)?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("certificate: {e}"))?;
+    cfg.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(cfg))
+}
+
+/// A client for a server outside the mesh: webpki's checks against `roots` (the system's when
+/// `None`), the server name checked too; ALPN `alpn`.
+pub fn simple_client_config(roots_pem: Option<&str>, alpn: &[u8]) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = RootCertStore::empty();
+    match roots_pem {
+        Some(pem) => {
+            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                roots.add(cert.map_err(|e| format!("roots: {e}"))?).map_err(|e| format!("roots: {e}"))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            if found.certs.is_empty() {
+                let why = found.errors.first().map_or(String::new(), |e| format!(": {e}"));
+                return Err(format!("no system root certificates found{why}; give ca_file"));
+            }
+            roots.add_parsable_certificates(found.certs);
+        }
+    }
+    if roots.is_empty() {
+        return Err("roots: no CERTIFICATE block".into());
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![alpn.to_vec()];
     Ok(Arc::new(cfg))
 }
 
 /// The client side, presenting its own certificate and accepting only a server whose chain
-/// leads to the mesh root and whose ID is `expect`.
-pub fn client_config(c: &Credentials, expect: SpiffeId) -> Result<Arc<rustls::ClientConfig>, String> {
+/// leads to the mesh root and whose ID is one `expect` allows; ALPN `alpn`.
+pub fn client_config(c: &Credentials, expect: Expect, alpn: &[u8]) -> Result<Arc<rustls::ClientConfig>, String> {
     let provider = crypto_provider();
     let verifier = Arc::new(SpiffeVerifier { roots: c.roots.clone(), provider: provider.clone(), expect });
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
@@ -76,7 +195,9 @@ pub fn client_config(c: &Credentials, expect: SpiffeId) -> Result<Arc<rustls::Cl
         .with_custom_certificate_verifier(verifier)
         .with_client_auth_cert(c.chain.clone(), c.key.clone_key())
         .map_err(|e| format!("client certificate: {e}"))?;
-    cfg.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    // See `server_config`: every connection checks both certificates.
+    cfg.resumption = rustls::client::Resumption::disabled();
     Ok(Arc::new(cfg))
 }
 
@@ -94,7 +215,7 @@ pub fn peer_id(certs: &[CertificateDer<'_>]) -> Option<SpiffeId> {
 struct SpiffeVerifier {
     roots: Arc<RootCertStore>,
     provider: Arc<CryptoProvider>,
-    expect: SpiffeId,
+    expect: Expect,
 }
 
 impl ServerCertVerifier for SpiffeVerifier {
@@ -109,14 +230,8 @@ impl ServerCertVerifier for SpiffeVerifier {
         let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
         let algs = self.provider.signature_verification_algorithms.all;
         rustls::client::verify_server_cert_signed_by_trust_anchor(&cert, &self.roots, intermediates, now, algs)?;
-        match peer_id(std::slice::from_ref(end_entity)) {
-            Some(id) if id == self.expect => Ok(ServerCertVerified::assertion()),
-            got => Err(rustls::Error::General(format!(
-                "server identity {} is not the expected {}",
-                got.map_or("(none)".to_string(), |g| g.to_string()),
-                self.expect
-            ))),
-        }
+        self.expect.check(peer_id(std::slice::from_ref(end_entity))).map_err(rustls::Error::General)?;
+        Ok(ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
@@ -129,5 +244,61 @@ impl ServerCertVerifier for SpiffeVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// webpki's client checks, then the client's SPIFFE ID: it must have one, of this trust domain
+/// (authorization by ID comes after the handshake).
+#[derive(Debug)]
+struct SpiffeClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    trust_domain: String,
+}
+
+impl ClientCertVerifier for SpiffeClientVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(&self, end_entity: &CertificateDer<'_>, intermediates: &[CertificateDer<'_>], now: UnixTime) -> Result<ClientCertVerified, rustls::Error> {
+        let ok = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        match peer_id(std::slice::from_ref(end_entity)) {
+            Some(id) if id.trust_domain() == self.trust_domain => Ok(ok),
+            Some(id) => Err(rustls::Error::General(format!("client identity {id} is not of trust domain {:?}", self.trust_domain))),
+            None => Err(rustls::Error::General("client certificate has no SPIFFE ID (URI SAN)".into())),
+        }
+    }
+
+    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Why a handshake failed, as a metric label: what an operator can act on.
+pub fn failure_reason(e: &rustls::Error) -> &'static str {
+    use rustls::{CertificateError as C, Error as E};
+    match e {
+        E::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => "expired",
+        E::InvalidCertificate(C::NotValidYet | C::NotValidYetContext { .. }) => "not_yet_valid",
+        E::InvalidCertificate(C::UnknownIssuer) => "unknown_issuer",
+        E::InvalidCertificate(C::BadSignature) => "bad_signature",
+        E::InvalidCertificate(C::Revoked) => "revoked",
+        E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => "wrong_name",
+        E::InvalidCertificate(_) => "bad_certificate",
+        E::NoCertificatesPresented => "no_client_certificate",
+        E::General(m) if m.contains("no SPIFFE ID") => "no_spiffe_id",
+        E::General(m) if m.contains("trust domain") => "wrong_trust_domain",
+        E::General(m) if m.contains("is not the expected") => "wrong_identity",
+        E::AlertReceived(_) => "peer_alert",
+        E::InappropriateMessage { .. } | E::InappropriateHandshakeMessage { .. } | E::InvalidMessage(_) => "not_tls",
+        _ => "error",
     }
 }

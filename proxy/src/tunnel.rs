@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::cluster::Cluster;
@@ -125,7 +124,7 @@ pub(crate) fn on_response(
 pub enum Upstream {
     /// An HTTP/1.1 connection after its `101`: the socket, what followed the head, and the
     /// cluster's `max_connections` place it holds.
-    H1(TcpStream, BytesMut, crate::pool::ConnSlot),
+    H1(crate::stream::Stream, BytesMut, crate::pool::ConnSlot),
     /// An HTTP/2 upstream's stream after its 200 to the extended CONNECT.
     H2(hyper::upgrade::OnUpgrade),
 }

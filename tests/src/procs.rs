@@ -296,7 +296,8 @@ impl SidecarProc {
         }, extra)
     }
 
-    fn launch(
+    /// A sidecar with the bootstrap `yaml(admin, listen)` makes (its two addresses picked free).
+    pub fn launch(
         node: &str,
         dir: &Path,
         control: &[&ControlProc],

@@ -22,6 +22,7 @@ mod cluster;
 mod crud;
 pub mod forward;
 mod health;
+mod identity;
 mod openapi;
 mod rollout;
 mod training;
@@ -72,6 +73,8 @@ pub struct AppState {
     pub spans: Arc<crate::spans::Spans>,
     /// API requests by route and status, for `/metrics`.
     pub requests: crate::metrics::Requests,
+    /// The mesh CA and join tokens.
+    pub identity: Arc<crate::identity::Authority>,
 }
 
 impl AppState {
@@ -150,7 +153,13 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 /// The role a request needs, from its method and path.
 fn needed_role(method: &Method, path: &str) -> Role {
-    if path.starts_with("/raft/") || path.starts_with("/internal/") || (path.starts_with("/v1/members") && method != Method::GET) {
+    // Join tokens mint identities: listing them is an operator's, making or revoking one an
+    // admin's.
+    let admin_writes = path.starts_with("/v1/members") || path.starts_with("/v1/identity/");
+    if path.starts_with("/v1/identity/tokens") && method == Method::GET {
+        return Role::Operator;
+    }
+    if path.starts_with("/raft/") || path.starts_with("/internal/") || (admin_writes && method != Method::GET) {
         Role::Admin
     } else if method == Method::GET || method == Method::HEAD {
         Role::Viewer
@@ -278,6 +287,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/training/{name}", get(training::status))
         .route("/v1/training/{name}/scale", post(training::scale))
         .route("/v1/training/{name}/checkpoint", post(training::checkpoint))
+        .route("/v1/identity/ca", get(identity::ca))
+        .route("/v1/identity/tokens", get(identity::list).post(identity::create))
+        .route("/v1/identity/tokens/{id}", axum::routing::delete(identity::revoke))
         .route("/v1/{kind}", get(crud::list))
         .route("/v1/{kind}/{name}", get(crud::get).put(crud::put).delete(crud::delete))
         .route("/v1/{kind}/{name}/history", get(crud::history))
@@ -302,6 +314,10 @@ mod tests {
         assert_eq!(needed_role(&Method::GET, "/v1/members"), Role::Viewer);
         assert_eq!(needed_role(&Method::POST, "/v1/members"), Role::Admin);
         assert_eq!(needed_role(&Method::POST, "/raft/append"), Role::Admin);
+        assert_eq!(needed_role(&Method::POST, "/v1/identity/tokens"), Role::Admin);
+        assert_eq!(needed_role(&Method::DELETE, "/v1/identity/tokens/abc"), Role::Admin);
+        assert_eq!(needed_role(&Method::GET, "/v1/identity/tokens"), Role::Operator);
+        assert_eq!(needed_role(&Method::GET, "/v1/identity/ca"), Role::Viewer);
     }
 
     #[test]

@@ -71,6 +71,21 @@ struct Args {
     /// generated from weft's resources); it binds in Envoy's own network namespace.
     #[arg(long, default_value = weft_control::envoy::DEFAULT_LISTENER_ADDRESS)]
     envoy_listener: SocketAddr,
+    /// The mesh's SPIFFE trust domain: workload certificates are for
+    /// spiffe://TRUST_DOMAIN/ns/NS/sa/NAME or spiffe://TRUST_DOMAIN/service/NAME.
+    #[arg(long, default_value = weft_control::server::DEFAULT_TRUST_DOMAIN)]
+    trust_domain: String,
+    /// Lifetime of the workload certificates the mesh CA signs ("24h", "30s"); sidecars renew
+    /// two thirds through.
+    #[arg(long, default_value = "24h", value_parser = weft_proxy::duration::parse)]
+    leaf_lifetime: Duration,
+    /// Your own CA certificate (PEM) to sign workload certificates with, instead of the root
+    /// the first leader makes and keeps in the Raft store; give it (and --ca-key) to every node.
+    #[arg(long, requires = "ca_key")]
+    ca_cert: Option<PathBuf>,
+    /// The --ca-cert's private key (PEM, PKCS#8).
+    #[arg(long, requires = "ca_cert")]
+    ca_key: Option<PathBuf>,
     /// Log filter (RUST_LOG syntax).
     /// (openraft's per-retry replication errors are off by default: a down peer is logged once
     /// when it goes and once when it returns.)
@@ -110,6 +125,9 @@ fn main() -> anyhow::Result<()> {
     opts.otlp_endpoint = args.otlp_endpoint.clone();
     opts.otlp_sample_ratio = args.otlp_sample_ratio;
     opts.envoy_listener = args.envoy_listener;
+    opts.trust_domain = args.trust_domain.clone();
+    opts.leaf_lifetime = args.leaf_lifetime;
+    opts.ca_files = args.ca_cert.clone().zip(args.ca_key.clone());
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
         let running = server::start(opts).await?;
         wait_for_signal().await;

@@ -116,6 +116,11 @@ pub enum Command {
         #[command(subcommand)]
         command: TrainingCommand,
     },
+    /// Workload identity: the mesh CA's root, and join tokens sidecars get certificates with.
+    Identity {
+        #[command(subcommand)]
+        command: IdentityCommand,
+    },
     /// Sidecars connected to any control node, with the config versions they ACKed.
     ProxyStatus,
     /// The state of the node that answers.
@@ -160,6 +165,38 @@ pub enum AutoscaleCommand {
         #[arg(long, default_value_t = 120.0)]
         notice_s: f64,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IdentityCommand {
+    /// Print the mesh CA's root certificate (PEM): what sidecars and clients trust.
+    Ca,
+    /// Join tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// A join token for one identity (printed once: put it in the sidecar's
+    /// identity.token_file). Needs an admin token.
+    Create {
+        /// `ns/NAMESPACE/sa/ACCOUNT`, `service/NAME`, or a whole spiffe:// ID.
+        #[arg(long)]
+        identity: String,
+        /// How long the token may be used ("720h"; "0" = until revoked). Renewals use it too,
+        /// so a sidecar keeps its identity while the token lives.
+        #[arg(long)]
+        ttl: Option<String>,
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// The tokens, without their secrets.
+    List,
+    /// Revoke a token: certificates are no longer issued or renewed with it.
+    Revoke { id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -531,6 +568,43 @@ pub async fn run(args: Args) -> Result<(), CliError> {
                 format!("trainingjob/{job}: every rank of map v{} checkpoints at step {} (the furthest rank was at {})\n",
                     output::cell(&b["map_version"]), output::cell(&b["step"]), output::cell(&b["furthest_rank_step"]))
             });
+            Ok(())
+        }
+        Command::Identity { command: IdentityCommand::Ca } => {
+            let body = call(&mut c, Method::GET, "/v1/identity/ca", None).await?;
+            show(format, &body, |b| b["cert_pem"].as_str().unwrap_or_default().to_string());
+            Ok(())
+        }
+        Command::Identity { command: IdentityCommand::Token { command } } => {
+            match command {
+                TokenCommand::Create { identity, ttl, description } => {
+                    let req = json!({ "identity": identity, "ttl": ttl, "description": description });
+                    let body = call(&mut c, Method::POST, "/v1/identity/tokens", Some(&req)).await?;
+                    show(format, &body, |b| {
+                        let expires = match b["expires"].as_u64() {
+                            Some(0) | None => "never expires".to_string(),
+                            Some(t) => format!("expires at {t} (Unix seconds)"),
+                        };
+                        format!("{}\n# join token {} for {}; {expires}; shown only now\n", output::cell(&b["token"]), output::cell(&b["id"]), output::cell(&b["identity"]))
+                    });
+                }
+                TokenCommand::List => {
+                    let body = call(&mut c, Method::GET, "/v1/identity/tokens", None).await?;
+                    show(format, &body, |b| {
+                        let rows: Vec<Vec<String>> = b["items"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|t| ["id", "identity", "created", "expires", "description"].iter().map(|k| output::cell(&t[*k])).collect())
+                            .collect();
+                        output::table(&["ID", "IDENTITY", "CREATED", "EXPIRES", "DESCRIPTION"], &rows)
+                    });
+                }
+                TokenCommand::Revoke { id } => {
+                    let body = call(&mut c, Method::DELETE, &format!("/v1/identity/tokens/{id}"), None).await?;
+                    show(format, &body, |_| format!("join token {id} revoked\n"));
+                }
+            }
             Ok(())
         }
         Command::ProxyStatus => {

@@ -34,15 +34,15 @@ use std::future::poll_fn;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker, ready};
+use std::task::{Context, Poll, ready};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::oneshot;
 
 use crate::body::ReqBody;
 use crate::cluster::Endpoint;
 use crate::pool::ConnSlot;
+use crate::stream::{ReadHalf, Stream};
 use codec::{Decoded, Decoder, ReqFraming};
 pub use fields::Fields;
 
@@ -102,7 +102,7 @@ pub struct Upgraded(Arc<std::sync::Mutex<Option<Conn>>>);
 impl Upgraded {
     /// The socket, what the upstream sent after its `101` head (already the new protocol's),
     /// and the cluster place; `None` once taken.
-    pub fn take(&self) -> Option<(TcpStream, BytesMut, ConnSlot)> {
+    pub fn take(&self) -> Option<(Stream, BytesMut, ConnSlot)> {
         let Inner { io, rbuf, _slot, .. } = *self.0.lock().unwrap().take()?.0;
         match io {
             Io::Whole(t) => Some((t, rbuf, _slot)),
@@ -138,28 +138,17 @@ impl std::fmt::Display for Error {
 impl std::error::Error for Error {}
 
 impl Conn {
-    pub fn new(io: TcpStream, slot: ConnSlot) -> Conn {
+    pub fn new(io: Stream, slot: ConnSlot) -> Conn {
         Conn(Box::new(Inner { io: Io::Whole(io), rbuf: BytesMut::new(), wbuf: Vec::new(), next_read: FIRST_READ, _slot: slot }))
     }
 
     /// Whether an idle connection can carry a request: the upstream has neither closed it nor
     /// sent anything unasked. Costs no system call unless the socket became readable, which an
     /// idle connection only does when the upstream closed it (or misbehaves).
-    pub fn is_usable(&self) -> bool {
-        let c = &self.0;
-        let Io::Whole(io) = &c.io else { return false };
-        if !c.rbuf.is_empty() {
-            return false;
-        }
-        let mut cx = Context::from_waker(Waker::noop());
-        match io.poll_read_ready(&mut cx) {
-            Poll::Pending => true,
-            Poll::Ready(Err(_)) => false,
-            Poll::Ready(Ok(())) => {
-                let mut probe = [0u8; 1];
-                matches!(io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-            }
-        }
+    pub fn is_usable(&mut self) -> bool {
+        let c = &mut self.0;
+        let Io::Whole(io) = &mut c.io else { return false };
+        c.rbuf.is_empty() && io.is_idle_usable()
     }
 
     /// Send one request and wait for the response head. The response body then reads from
@@ -181,7 +170,7 @@ impl Conn {
         };
         let mut written = 0;
         let Io::Whole(io) = &mut c.io else { return Err(SendError::Failed("connection already split".into())) };
-        if let Err(e) = poll_fn(|cx| poll_write_all(io, cx, &c.wbuf, &mut written)).await {
+        if let Err(e) = poll_fn(|cx| io.poll_write_all(cx, &c.wbuf, &mut written)).await {
             return Err(match written {
                 0 => SendError::Unsent(body, format!("connection closed: {e}")),
                 _ => SendError::Failed(format!("error writing the request: {e}")),
@@ -297,8 +286,8 @@ fn grow_reads(n: usize, room: usize, next_read: &mut usize) {
 /// The connection's socket: whole, or only its read half once the rest of an upload went to a
 /// task of its own.
 enum Io {
-    Whole(TcpStream),
-    Read(OwnedReadHalf),
+    Whole(Stream),
+    Read(ReadHalf),
     /// Only while being split.
     Gone,
 }
@@ -346,7 +335,7 @@ impl tokio::io::AsyncRead for Io {
 
 /// Write `buf` from `done` on, counting in `done` what was written. Takes the socket shared
 /// (readiness, then `try_write`): weft's server writes to a socket a request body also holds.
-fn poll_write_all(tcp: &TcpStream, cx: &mut Context<'_>, buf: &[u8], done: &mut usize) -> Poll<io::Result<()>> {
+pub(crate) fn poll_write_all(tcp: &TcpStream, cx: &mut Context<'_>, buf: &[u8], done: &mut usize) -> Poll<io::Result<()>> {
     while *done < buf.len() {
         ready!(tcp.poll_write_ready(cx))?;
         match tcp.try_write(&buf[*done..]) {
@@ -473,7 +462,8 @@ impl Upload {
                 }
             }
         }
-        Poll::Ready(Ok(()))
+        // TLS may hold what it was given (`crate::stream`); TCP returns at once.
+        Pin::new(&mut *io).poll_flush(cx)
     }
 }
 

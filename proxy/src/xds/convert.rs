@@ -270,6 +270,19 @@ pub fn cluster(c: v1::Cluster) -> Result<config::Cluster, String> {
         protocol,
         circuit_breaker,
         outlier,
+        tls: match c.tls {
+            None => None,
+            Some(t) => Some(config::ClusterTls {
+                mode: match v1::ClusterTlsMode::try_from(t.mode) {
+                    Ok(v1::ClusterTlsMode::Mesh) => config::ClusterTlsMode::Mesh,
+                    Ok(v1::ClusterTlsMode::Simple) => config::ClusterTlsMode::Simple,
+                    Err(_) => return Err(format!("{f}.tls.mode: unknown value {}", t.mode)),
+                },
+                identities: t.identities,
+                sni: t.sni,
+                ca_file: t.ca_file,
+            }),
+        },
     })
 }
 
@@ -473,8 +486,15 @@ clusters: [{name: a, endpoints: ["127.0.0.1:1"]}]
                 ..Default::default()
             }),
             outlier: Some(v1::Outlier { consecutive_5xx: Some(2), ..Default::default() }),
+            tls: Some(v1::ClusterTls {
+                mode: v1::ClusterTlsMode::Mesh as i32,
+                identities: vec!["spiffe://mesh.local/service/b".into()],
+                ..Default::default()
+            }),
         })
         .unwrap();
+        let tls = c.tls.as_ref().unwrap();
+        assert_eq!((tls.mode, &tls.identities[..]), (config::ClusterTlsMode::Mesh, &["spiffe://mesh.local/service/b".to_string()][..]));
         assert_eq!((c.lb, c.protocol), (config::LbPolicy::RoundRobin, config::UpstreamProtocol::Http2));
         assert_eq!((c.connect_timeout, c.max_idle_per_endpoint), (Dur::from_millis(3000), 7));
         assert_eq!(c.circuit_breaker.max_requests, 9);

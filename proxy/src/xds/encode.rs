@@ -56,6 +56,15 @@ pub fn cluster(c: &config::Cluster) -> v1::Cluster {
             max_ejection_time: Some(dur(o.max_ejection_time)),
             max_ejection_pct: Some(o.max_ejection_pct),
         }),
+        tls: c.tls.as_ref().map(|t| v1::ClusterTls {
+            mode: match t.mode {
+                config::ClusterTlsMode::Mesh => v1::ClusterTlsMode::Mesh,
+                config::ClusterTlsMode::Simple => v1::ClusterTlsMode::Simple,
+            } as i32,
+            identities: t.identities.clone(),
+            sni: t.sni.clone(),
+            ca_file: t.ca_file.clone(),
+        }),
     }
 }
 

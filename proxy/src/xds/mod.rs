@@ -6,7 +6,8 @@
 //! - [`state`]: which pushes to apply together, ACK or NACK (pure, validator passed in);
 //! - [`disk`]: the last good pushed config on disk, served after a restart;
 //! - [`client`]: the ADS stream IO loop: failover between control nodes, backoff;
-//! - [`report`]: registration, heartbeats and load reports on the same connection.
+//! - [`report`]: registration, heartbeats and load reports on the same connection;
+//! - [`issue`]: the sidecar's certificate from the mesh CA (`identity.token_file`), renewed.
 //!
 //! Every push goes through `Shared::apply`, the same validate-then-swap path as a file reload,
 //! so a push that would not load from a file is NACKed and the old config keeps serving.
@@ -15,6 +16,7 @@ pub mod client;
 pub mod convert;
 pub mod disk;
 pub mod encode;
+pub mod issue;
 pub mod report;
 pub mod state;
 
@@ -106,6 +108,9 @@ pub fn spawn(
             }
         };
         rt.block_on(async move {
+            if let Some(mesh) = sh.tls.mesh.clone().filter(|m| m.issued.is_some()) {
+                tokio::spawn(issue::run(mesh, sh.tls.clone(), opts.servers.clone()));
+            }
             tokio::select! {
                 () = client::Client::new(sh, opts, node).run() => {}
                 _ = stop.wait_for(|s| *s) => {}
