@@ -57,6 +57,7 @@ struct Sidecar {
     load: BTreeMap<String, Load>,
     /// A training sidecar's last report of its trainer, and when it arrived (this node's ms).
     training: Option<(v1::TrainingReport, u64)>,
+    identity: Option<v1::IdentityReport>,
 }
 
 /// A sidecar's report state, for `GET /v1/proxies`.
@@ -70,6 +71,15 @@ pub struct SidecarView {
     pub load: BTreeMap<String, Load>,
     /// A training sidecar's view of its trainer (`age_ms` = how old the report is).
     pub training: Option<crate::shards::checkpoint::WorkerState>,
+    /// Its mesh identity and certificate validity (Unix seconds), when it has mTLS.
+    pub identity: Option<IdentityView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct IdentityView {
+    pub spiffe_id: String,
+    pub not_before: i64,
+    pub not_after: i64,
 }
 
 struct Inner {
@@ -175,6 +185,7 @@ impl Tracker {
                     phi: inner.detector.phi(id, now),
                     load: s.load.clone(),
                     training: s.training.as_ref().map(|(t, at)| worker_state(t, now.saturating_sub(*at))),
+                    identity: s.identity.as_ref().map(|i| IdentityView { spiffe_id: i.spiffe_id.clone(), not_before: i.not_before, not_after: i.not_after }),
                 };
                 (id.clone(), view)
             })
@@ -266,6 +277,9 @@ impl Tracker {
         }
         if let Some(t) = &report.training {
             s.training = Some((t.clone(), now));
+        }
+        if report.identity.is_some() {
+            s.identity = report.identity.clone();
         }
         let r = report.registration.as_ref()?;
         let reg = Registration {

@@ -49,11 +49,14 @@ pub enum Kind {
     ShardMaps,
     /// Each training job's complete coordinated checkpoints; written only by the control plane.
     Checkpoints,
+    /// Who may call which service (a proxy `authorization[]` item each), pushed to every
+    /// sidecar and enforced by inbound ones.
+    AuthorizationPolicies,
 }
 
 impl Kind {
     /// In apply order: what others refer to comes first.
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 14] = [
         Kind::Clusters,
         Kind::Endpoints,
         Kind::Experiments,
@@ -67,6 +70,7 @@ impl Kind {
         Kind::TrainingJobs,
         Kind::ShardMaps,
         Kind::Checkpoints,
+        Kind::AuthorizationPolicies,
     ];
 
     /// Whether specs of this kind are written through the resource API (placements are the
@@ -107,6 +111,7 @@ impl Kind {
             Kind::TrainingJobs => "trainingjobs",
             Kind::ShardMaps => "shardmaps",
             Kind::Checkpoints => "checkpoints",
+            Kind::AuthorizationPolicies => "authorizationpolicies",
         }
     }
 
@@ -126,6 +131,7 @@ impl Kind {
             Kind::TrainingJobs => "TrainingJob",
             Kind::ShardMaps => "ShardMap",
             Kind::Checkpoints => "Checkpoint",
+            Kind::AuthorizationPolicies => "AuthorizationPolicy",
         }
     }
 
@@ -382,6 +388,18 @@ pub fn validate(kind: Kind, name: &str, spec: &Value) -> Result<Valid, FieldErro
             j.validate().map_err(|(field, message)| err(field, message))?;
             Ok(Valid { json: to_json(&j), refs: vec![] })
         }
+        Kind::AuthorizationPolicies => {
+            let p: config::AuthorizationPolicy = parse(&spec)?;
+            if !p.namespace.is_empty() {
+                weft_proxy::identity::SpiffeId::workload("td", &p.namespace, "x").map_err(|e| err("namespace", e.0))?;
+            }
+            // The services it names are per sidecar (some live only in an inbound sidecar's
+            // bootstrap), so they are not references to check here.
+            let mut cfg = harness(&[]);
+            cfg.authorization.push(p.clone());
+            compile(cfg, &format!("authorization.{name}"))?;
+            Ok(Valid { json: to_json(&p), refs: vec![] })
+        }
         Kind::Placements | Kind::ScalingDecisions | Kind::RolloutStates | Kind::ShardMaps | Kind::Checkpoints => {
             Err(err("", format!("{kind} are written by {}", kind.written_by().unwrap_or("the control plane"))))
         }
@@ -503,6 +521,11 @@ fn convert(r: &Resource) -> Converted {
             if let Ok(sv) = serde_json::from_str::<config::Service>(&r.value_json) {
                 c.body = Some((typeurl::SERVICE, sv.name.clone(), to_any(&encode::service(&sv))));
                 c.routing = Some(Routing::Service(sv));
+            }
+        }
+        "authorizationpolicies" => {
+            if let Ok(p) = serde_json::from_str::<config::AuthorizationPolicy>(&r.value_json) {
+                c.body = Some((typeurl::AUTHORIZATION_POLICY, p.name.clone(), to_any(&encode::authorization_policy(&p))));
             }
         }
         "shardmaps" => {

@@ -35,6 +35,7 @@ pub fn types_of(kind: &str) -> &'static [&'static str] {
         "endpoints" => &[typeurl::ENDPOINTS],
         "experiments" => &[typeurl::EXPERIMENT],
         "services" => &[typeurl::SERVICE],
+        "authorizationpolicies" => &[typeurl::AUTHORIZATION_POLICY],
         "shardmaps" => &[typeurl::SHARD_MAP],
         "scalingdecisions" => &[typeurl::SCALING_DECISION],
         "placements" => &[typeurl::PLACEMENT],

@@ -42,7 +42,7 @@ async fn sidecar(xds: std::net::SocketAddr, rps: u64) -> mpsc::Sender<()> {
         variant: "a".into(),
         ..Default::default()
     };
-    tx.send(v1::SidecarReport { node_id: "side-a".into(), registration: Some(registration), seq: 1, load: vec![], training: None })
+    tx.send(v1::SidecarReport { node_id: "side-a".into(), registration: Some(registration), seq: 1, load: vec![], training: None, identity: None })
         .await
         .unwrap();
     let mut acks = client.report(ReceiverStream::new(rx)).await.unwrap().into_inner();
@@ -62,7 +62,7 @@ async fn sidecar(xds: std::net::SocketAddr, rps: u64) -> mpsc::Sender<()> {
                 in_flight: 8,
                 ..Default::default()
             }];
-            if tx.send(v1::SidecarReport { node_id: "side-a".into(), registration: None, seq, load, training: None }).await.is_err() {
+            if tx.send(v1::SidecarReport { node_id: "side-a".into(), registration: None, seq, load, training: None, identity: None }).await.is_err() {
                 return;
             }
             let _ = acks.message().await;

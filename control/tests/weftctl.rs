@@ -309,7 +309,7 @@ async fn cluster_commands_and_server_failover() {
     let t = ok(url, &["proxy-status"]).await;
     assert_eq!(
         t.lines().next().unwrap().split_whitespace().collect::<Vec<_>>(),
-        ["NODE", "CONTROL", "CONNECTED", "CLUSTERS@REV", "ENDPOINTS@REV", "EXPERIMENTS@REV", "SERVICES@REV", "OTHER", "LAST", "NACK"]
+        ["NODE", "CONTROL", "CONNECTED", "CLUSTERS@REV", "ENDPOINTS@REV", "EXPERIMENTS@REV", "SERVICES@REV", "AUTHZ@REV", "OTHER", "CERT", "EXPIRES", "LAST", "NACK"]
     );
     assert!(json(url, &["proxy-status"]).await["items"].is_array());
 

@@ -24,6 +24,59 @@ pub struct Config {
     pub training: Option<Training>,
     /// This sidecar's mesh identity for mutual TLS (see [`Identity`]); absent = no mTLS.
     pub identity: Option<Identity>,
+    /// Who may call the services of this sidecar's inbound listeners (see
+    /// [`AuthorizationPolicy`]); empty = everyone.
+    pub authorization: Vec<AuthorizationPolicy>,
+}
+
+/// `authorization[]`: which callers may reach which services, enforced by the inbound sidecar
+/// (requests on `direction: inbound` listeners) after mTLS told it who the caller is.
+///
+/// For a request to service S, the policies that apply are those naming S in `services` (or
+/// naming none), on sidecars whose own identity is in `namespace` (or any, when empty). Then:
+/// a matching rule of a `deny` policy refuses it (deny wins); else a matching rule of an
+/// `allow` policy admits it; else, if any `allow` policy applies, it is refused (allow-lists
+/// are closed); else it is admitted. So with no policy a namespace is default-allow, and one
+/// `allow` policy with no rules makes it default-deny. A refusal is a 403 naming the policy.
+///
+/// ```yaml
+/// authorization:
+///   - name: chat-callers
+///     namespace: ml                  # sidecars of spiffe://TD/ns/ml/...; empty = every sidecar
+///     services: [chat]               # empty = every service
+///     action: allow                  # or deny
+///     rules:
+///       - identities: ["spiffe://weft.local/ns/apps/sa/web", "spiffe://weft.local/ns/batch/*"]
+///         path_prefixes: ["/v1/"]    # empty = any path
+///         methods: [POST]            # empty = any method
+/// ```
+///
+/// An identity is a whole SPIFFE ID, a prefix ending in `*`, or `*` (any mTLS peer); a rule
+/// with no identities matches every caller, plaintext ones included.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthorizationPolicy {
+    pub name: String,
+    pub namespace: String,
+    pub services: Vec<String>,
+    pub action: AuthzAction,
+    pub rules: Vec<AuthzRule>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthzAction {
+    #[default]
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthzRule {
+    pub identities: Vec<String>,
+    pub path_prefixes: Vec<String>,
+    pub methods: Vec<String>,
 }
 
 /// `identity`: who this sidecar is in the mesh, as a SPIFFE ID carried by its leaf certificate,

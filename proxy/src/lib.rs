@@ -18,6 +18,7 @@
 
 pub mod admin;
 pub mod assign;
+pub mod authz;
 pub mod body;
 pub mod breaker;
 pub mod clock;

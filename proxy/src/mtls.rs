@@ -405,6 +405,14 @@ impl Origin {
         Ok(Some(Origin { kind, sni, ctx: ctx.clone() }))
     }
 
+    /// The `tls` label of requests sent with it.
+    pub fn mode(&self) -> &'static str {
+        match self.kind {
+            OriginKind::Mesh(_) => "mtls",
+            OriginKind::Simple(_) => "tls",
+        }
+    }
+
     /// What a dial to the endpoint `label` (`host:port` as configured) needs.
     pub fn dial(&self, label: &str, protocol: UpstreamProtocol) -> Result<TlsDial<'_>, String> {
         let config = match &self.kind {

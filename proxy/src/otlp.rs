@@ -11,7 +11,9 @@
 //! `http.response.status_code`, `url.path`, `server.address`, `network.peer.address`, ...) plus
 //! `weft.service`, `weft.route`, `weft.experiment`, `weft.variant`, `weft.shadow`,
 //! `weft.cluster`, `weft.model.name`, `weft.model.version`, `gen_ai.request.model`,
-//! `weft.tenant` and `weft.run_id`. The resource carries the node identity.
+//! `weft.tenant`, `weft.run_id`, `weft.tls` (how the mesh hop was protected: `mtls`, `tls`,
+//! `plaintext`) and `weft.peer.identity` (an inbound caller's SPIFFE ID). The resource carries
+//! the node identity.
 //!
 //! Sampling is parent-based: a caller's sampled flag is followed; a new trace is sampled when
 //! its trace id falls under `sample_ratio` (the TraceIdRatioBased rule), and the decision goes
@@ -375,7 +377,9 @@ impl Exporter {
         s("weft.model.version", l.model_version.get());
         s("weft.tenant", tenant.or(l.tenant_id.get()));
         s("weft.run_id", self.run_id.as_ref());
+        s("weft.peer.identity", l.peer_identity.get());
         attrs.push(("weft.shadow", Val::Bool(l.shadow)));
+        attrs.push(("weft.tls", Val::Static(if l.tls.is_empty() { "plaintext" } else { l.tls })));
     }
 }
 

@@ -119,6 +119,17 @@ async fn serve(
     })?;
     let service = &snap.services[si];
     labels.service = service.name.clone().into();
+    // 1b. Whether the caller may: on inbound listeners, by its mTLS identity.
+    let inbound = listener.direction == crate::config::Direction::Inbound;
+    if inbound {
+        if let Some(p) = peer.as_deref() {
+            labels.tls = p.mode();
+            if let crate::mtls::Peer::Mesh(id) = p {
+                labels.peer_identity = id.clone().into();
+            }
+        }
+        authorize(sh, snap, si, peer.as_deref(), &parts)?;
+    }
 
     // 2. Which route: path, headers, KServe model name.
     let path = parts.uri.path();
@@ -147,6 +158,9 @@ async fn serve(
         }
     };
     labels.cluster = cluster.name.clone().into();
+    if !inbound {
+        labels.tls = cluster.origin.as_ref().map_or("", |o| o.mode());
+    }
     // Looked at only for a handshake (not per request).
     let h2_cluster = upgrade.is_some() && cluster.endpoints.iter().any(|e| e.protocol == crate::config::UpstreamProtocol::Http2);
     if h2_cluster && h2_stream.is_none() {
@@ -853,6 +867,39 @@ fn finish_on_end(
         }
         drop(slot);
     })
+}
+
+/// Apply `authorization[]` to a request for service `si`: counted per decision; a refusal is a
+/// 403 naming the policy (and an access-log line).
+fn authorize(sh: &Shared, snap: &Snapshot, si: usize, peer: Option<&crate::mtls::Peer>, parts: &http::request::Parts) -> Result<(), Local> {
+    use crate::authz::Decision;
+    let caller = peer.and_then(|p| p.identity());
+    let decision = snap.authz.check(si, caller, &parts.method, parts.uri.path());
+    if decision == Decision::Open {
+        return Ok(());
+    }
+    let service = &snap.services[si].name;
+    let denied = matches!(decision, Decision::Deny(_));
+    let labels = vec![
+        metrics::Label::new("service", service.to_string()),
+        metrics::Label::new("decision", if denied { "deny" } else { "allow" }),
+        metrics::Label::new("policy", decision.policy().to_string()),
+    ];
+    sh.telemetry.counter("weft_authz_decisions_total", labels).increment(1);
+    if !denied {
+        return Ok(());
+    }
+    let who = caller.map_or_else(|| "a plaintext caller (no mTLS identity)".to_string(), |c| c.to_string());
+    tracing::debug!(service = &**service, caller = %who, policy = decision.policy(), "request refused by authorization");
+    sh.telemetry.access_log(|| serde_json::json!({
+        "time_ms": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        "method": parts.method.as_str(), "path": parts.uri.path(), "service": &**service, "status_class": "4xx",
+        "tls": peer.map_or("plaintext", |p| p.mode()), "peer_identity": caller,
+        "authz": "deny", "authz_policy": decision.policy(),
+    }));
+    Err(Local::new(StatusCode::FORBIDDEN, "unauthorized", format!("{who} may not call service {:?} (policy {})", &**service, decision.policy()))
+        .with("policy", decision.policy().to_string())
+        .with("caller", who))
 }
 
 fn overflow(cluster: &Cluster, o: Overflow) -> Local {

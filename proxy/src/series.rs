@@ -379,6 +379,8 @@ impl SeriesStore {
             ("model_version", &l.model_version),
             ("tenant_id", &l.tenant_id),
             ("shadow", if l.shadow { "true" } else { "false" }),
+            ("tls", if l.tls.is_empty() { "plaintext" } else { l.tls }),
+            ("peer_identity", &l.peer_identity),
         ]);
         format!("{}{own}", self.global)
     }

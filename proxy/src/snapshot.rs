@@ -21,6 +21,8 @@ pub struct Snapshot {
     pub version: u64,
     pub config: Config,
     pub listeners: Vec<ListenerRt>,
+    /// `authorization[]` per service, enforced on inbound listeners.
+    pub authz: crate::authz::Authz,
     pub services: Vec<ServiceRt>,
     pub experiments: Vec<ExperimentRt>,
     pub clusters: Vec<Arc<Cluster>>,
@@ -238,7 +240,15 @@ impl Snapshot {
         let tenant_header = opt_header("telemetry.tenant_header", &t.tenant_header)?;
         let model_version_header = opt_header("telemetry.model_version_header", &t.model_version_header)?;
 
+        let own_namespace = cfg
+            .identity
+            .as_ref()
+            .and_then(|i| i.spiffe_id.parse::<crate::identity::SpiffeId>().ok())
+            .and_then(|id| id.namespace().map(String::from));
+        let authz = crate::authz::Authz::compile(&cfg, own_namespace.as_deref())?;
+
         Ok(Snapshot {
+            authz,
             version: prev.map_or(1, |p| p.version + 1),
             listeners,
             services,

@@ -35,6 +35,11 @@ pub struct Labels {
     pub model_version: LabelValue,
     pub tenant_id: LabelValue,
     pub shadow: bool,
+    /// How the mesh hop was protected: on an inbound listener the downstream connection's
+    /// (`mtls`, `tls`, empty = plaintext), on an outbound one the cluster's origination.
+    pub tls: &'static str,
+    /// The caller's SPIFFE ID, on an inbound listener over mTLS.
+    pub peer_identity: LabelValue,
 }
 
 /// One label's value: a string shared with the config snapshot, or none (the empty value).
@@ -136,6 +141,7 @@ const REGISTRY_FAMILIES: &[(&str, &str)] = &[
     ("weft_otlp_metric_exports_total", "OTLP metric exports of the registry, by result (ok, failed)."),
     ("weft_shadow_skipped_total", "Shadow copies not sent, by reason."),
     ("weft_config_reloads_total", "Config reloads by result (ok, rejected)."),
+    ("weft_authz_decisions_total", "Requests to inbound services that authorization policies apply to, by service, decision (allow, deny) and deciding policy."),
     ("weft_otlp_exported_spans_total", "Spans the OTLP collector accepted."),
     (
         "weft_otlp_dropped_spans_total",

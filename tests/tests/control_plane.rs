@@ -340,10 +340,15 @@ async fn members_are_removed_and_added_through_weftctl() {
         cluster_values(&c, n4.api, "local").await?.contains_key("two-nodes").then_some(())
     })
     .await;
-    let (ok, out) = weftctl(&[&n4], &["members"]);
-    let listed: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    assert!(ok, "{out}");
-    assert!(listed["members"].as_array().unwrap().iter().any(|m| m["id"] == 4), "{out}");
+    // Its own view of the membership can trail its data by a moment (the membership entry is
+    // applied with the log; the data may have come in a snapshot first).
+    wait_for("weftctl on node 4 lists node 4", Duration::from_secs(20), || async {
+        let (ok, out) = weftctl(&[&n4], &["members"]);
+        let listed: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        assert!(ok, "{out}");
+        listed["members"].as_array().unwrap().iter().any(|m| m["id"] == 4).then_some(())
+    })
+    .await;
 
     let (_, st) = api(&c, Method::GET, n4.api, "/v1/status", None).await;
     assert_eq!(st["history_revisions"], 100000, "status shows the node's history setting: {st}");

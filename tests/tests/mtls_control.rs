@@ -4,7 +4,9 @@
 //! data); the outbound sidecar reaches the inbound one over mTLS with a cluster pushed over
 //! xDS; certificates with a 30 s lifetime rotate three times under 200 requests a second
 //! without losing one; with the control plane down, traffic goes on until the leaf expires,
-//! the expiry is visible, and issuance resumes when it returns.
+//! the expiry is visible, and issuance resumes when it returns; an authorization policy
+//! applied through the API admits one caller's identity and refuses another's (403), and
+//! `weftctl proxy-status` shows each sidecar's certificate expiry.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -37,6 +39,7 @@ fn token(node: &ControlProc, identity: &str, dir: &Path, name: &str) -> std::pat
     assert_eq!(out["identity"], identity);
     let path = dir.join(format!("{name}.token"));
     std::fs::write(&path, out["token"].as_str().unwrap()).unwrap();
+    std::fs::write(path.with_extension("id"), identity).unwrap();
     path
 }
 
@@ -70,6 +73,7 @@ async fn mesh(lifetime: &str) -> Mesh {
     let side = dir.path().join("side");
     std::fs::create_dir_all(&side).unwrap();
     let (tin, tout) = (token(&node, MODEL, &side, "in"), token(&node, WEB, &side, "out"));
+    let log = side.join("in-access.log");
     let (din, dout) = (side.join("in-id"), side.join("out-id"));
     let model = up.addr;
     let inbound = SidecarProc::launch("in-1", &side, &[&node], |admin, listen| {
@@ -77,18 +81,26 @@ async fn mesh(lifetime: &str) -> Mesh {
             "node: {{id: in-1}}\nadmin: {{address: \"{admin}\"}}\n{}\
              listeners: [{{name: in, address: \"{listen}\", direction: inbound}}]\n\
              services: [{{name: local, hosts: [\"*\"], listeners: [in], routes: [{{name: r, cluster: local}}]}}]\n\
-             clusters: [{{name: local, endpoints: [\"{model}\"]}}]\n",
-            identity(MODEL, &tin, &din)
+             clusters: [{{name: local, endpoints: [\"{model}\"]}}]\n\
+             telemetry: {{access_log: {{enabled: true, path: \"{}\"}}}}\n",
+            identity(MODEL, &tin, &din),
+            log.display()
         )
     }, ["--register-cluster", "model", "--report-interval", "200ms"].map(String::from).to_vec());
-    let outbound = SidecarProc::launch("out-1", &side, &[&node], |admin, listen| {
-        format!("node: {{id: out-1}}\nadmin: {{address: \"{admin}\"}}\n{}listeners: [{{name: out, address: \"{listen}\"}}]\n", identity(WEB, &tout, &dout))
-    }, vec![]);
+    let outbound = outbound_sidecar("out-1", &node, &side, &tout, &dout);
     wait_for("traffic flows over mTLS", Duration::from_secs(30), || async {
         (body_if_ok(&c, outbound.listen, "model", "/").await == "model-a").then_some(())
     })
     .await;
     Mesh { node, inbound, outbound, up, dir }
+}
+
+/// An outbound sidecar (listener `out`) with the identity `token` admits, kept in `id_dir`.
+fn outbound_sidecar(name: &str, node: &ControlProc, side: &Path, token: &Path, id_dir: &Path) -> SidecarProc {
+    let id = std::fs::read_to_string(token.with_extension("id")).unwrap();
+    SidecarProc::launch(name, side, &[node], |admin, listen| {
+        format!("node: {{id: {name}}}\nadmin: {{address: \"{admin}\"}}\n{}listeners: [{{name: out, address: \"{listen}\"}}]\n", identity(&id, token, id_dir))
+    }, vec![])
 }
 
 async fn metrics(admin: SocketAddr) -> String {
@@ -207,4 +219,50 @@ async fn with_the_control_plane_down_mtls_serves_until_the_leaf_expires_and_issu
         (body_if_ok(&c, m.outbound.listen, "model", "/").await == "model-a").then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authorization_policy_admits_one_identity_and_refuses_another() {
+    const BATCH: &str = "spiffe://mesh.local/ns/batch/sa/job";
+    let m = mesh("1h").await;
+    let side = m.dir.path().join("side");
+    let batch = outbound_sidecar("batch-1", &m.node, &side, &token(&m.node, BATCH, &side, "batch"), &side.join("batch-id"));
+    let c = client();
+    wait_for("the batch sidecar is served before any policy", Duration::from_secs(30), || async {
+        (body_if_ok(&c, batch.listen, "model", "/").await == "model-a").then_some(())
+    })
+    .await;
+    // `weftctl proxy-status` shows each sidecar's certificate expiry.
+    wait_for("proxy-status shows the certificates' expiry", Duration::from_secs(20), || async {
+        let out = weftctl(&m.node, &["proxy-status"]);
+        let line = |n: &str| out.lines().find(|l| l.starts_with(n)).map(|l| l.contains(" in ") && !l.contains("EXPIRED"));
+        (line("in-1 ") == Some(true) && line("out-1 ") == Some(true) && line("batch-1 ") == Some(true)).then_some(())
+    })
+    .await;
+    // Only WEB may call the model server's service; and nobody its /admin.
+    for (name, spec) in [
+        ("model-callers", json!({"services": ["local"], "rules": [{"identities": [WEB]}]})),
+        ("no-admin", json!({"action": "deny", "rules": [{"path_prefixes": ["/admin"]}]})),
+    ] {
+        let (s, v) = api(&c, Method::PUT, m.node.api, &format!("/v1/authorizationpolicies/{name}"), Some(spec)).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    let (s, _, b) = wait_for("the batch caller is refused", Duration::from_secs(20), || async {
+        let r = get(&c, batch.listen, "model", "/", &[]).await;
+        (r.0 == StatusCode::FORBIDDEN).then_some(r)
+    })
+    .await;
+    let body: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!((s, body["error"].as_str(), body["caller"].as_str()), (StatusCode::FORBIDDEN, Some("unauthorized"), Some(BATCH)), "{body}");
+    assert_eq!(get(&c, m.outbound.listen, "model", "/", &[]).await.0, StatusCode::OK, "WEB is admitted");
+    let (s, _, b) = get(&c, m.outbound.listen, "model", "/admin/stats", &[]).await;
+    let body: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!((s, body["policy"].as_str()), (StatusCode::FORBIDDEN, Some("no-admin")), "deny wins: {body}");
+
+    let text = metrics(m.inbound.admin).await;
+    let count = |decision, policy| metric_sum(&text, "weft_authz_decisions_total", &[("service", "local"), ("decision", decision), ("policy", policy)]);
+    assert!(count("deny", "(no allow rule matched)") >= 1.0 && count("allow", "model-callers") >= 1.0 && count("deny", "no-admin") == 1.0, "{text}");
+    let log = std::fs::read_to_string(side.join("in-access.log")).unwrap();
+    let denied: Vec<Value> = log.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|l| l["authz"] == "deny").collect();
+    assert!(denied.iter().any(|l| l["peer_identity"] == BATCH && l["tls"] == "mtls"), "{log}");
 }

@@ -39,6 +39,7 @@ macro_rules! resource {
 resource! {
     Listener => typeurl::LISTENER, |r| &r.name;
     Service => typeurl::SERVICE, |r| &r.name;
+    AuthorizationPolicy => typeurl::AUTHORIZATION_POLICY, |r| &r.name;
     Experiment => typeurl::EXPERIMENT, |r| &r.name;
     Cluster => typeurl::CLUSTER, |r| &r.name;
     Endpoints => typeurl::ENDPOINTS, |r| &r.cluster_name;
@@ -103,7 +104,8 @@ mod tests {
         assert_url::<v1::ShardMap>();
         assert_url::<v1::ScalingDecision>();
         assert_url::<v1::Placement>();
-        assert_eq!(typeurl::ALL.len(), 8);
+        assert_url::<v1::AuthorizationPolicy>();
+        assert_eq!(typeurl::ALL.len(), 9);
     }
 
     #[test]

@@ -23,6 +23,8 @@ type_urls! {
     EXPERIMENT => "Experiment",
     /// `weft.v1.Service`.
     SERVICE => "Service",
+    /// `weft.v1.AuthorizationPolicy`.
+    AUTHORIZATION_POLICY => "AuthorizationPolicy",
     /// `weft.v1.Listener`.
     LISTENER => "Listener",
     /// `weft.v1.ShardMap` (reserved for the scheduler).

@@ -212,6 +212,7 @@ fn local_proxies(st: &AppState) -> Vec<Value> {
                 "registration": report.as_ref().and_then(|r| r.registration.clone()),
                 "phi": report.as_ref().and_then(|r| r.phi),
                 "training": report.as_ref().and_then(|r| r.training.clone()),
+                "identity": report.as_ref().and_then(|r| r.identity.clone()),
                 "load": report.map(|r| r.load).unwrap_or_default(),
             })
         })
@@ -231,6 +232,7 @@ fn local_proxies(st: &AppState) -> Vec<Value> {
             "registration": r.registration,
             "phi": r.phi,
             "training": r.training,
+            "identity": r.identity,
             "load": r.load,
         })
     }));

@@ -47,6 +47,10 @@ struct DemoArgs {
     /// Distinct user ids the clients send (x-user-id), each sticky to one variant.
     #[arg(long, default_value_t = 10_000)]
     users: u64,
+    /// Sidecars talk plaintext to each other (default: mutual TLS, strict, with certificates
+    /// from the control plane's CA).
+    #[arg(long)]
+    plaintext: bool,
 }
 
 fn main() {
@@ -60,6 +64,7 @@ fn main() {
         report: a.report,
         bin_dir: a.bin_dir,
         users: a.users,
+        plaintext: a.plaintext,
     };
     std::process::exit(demo::main(opts));
 }

@@ -26,6 +26,7 @@ fn carried_in(kind: Kind) -> &'static [&'static str] {
         Kind::Endpoints => &[typeurl::ENDPOINTS, typeurl::envoy::CLUSTER_LOAD_ASSIGNMENT],
         Kind::Experiments => &[typeurl::EXPERIMENT, typeurl::envoy::ROUTE_CONFIGURATION],
         Kind::Services => &[typeurl::SERVICE, typeurl::envoy::ROUTE_CONFIGURATION],
+        Kind::AuthorizationPolicies => &[typeurl::AUTHORIZATION_POLICY],
         _ => &[],
     }
 }

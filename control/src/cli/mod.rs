@@ -672,7 +672,7 @@ mod tests {
         let e = parse_kind("pods").unwrap_err();
         assert_eq!(
             e,
-            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements, autoscalers, scalingdecisions, rollouts, rolloutstates, trainingjobs, shardmaps, checkpoints".into())
+            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements, autoscalers, scalingdecisions, rollouts, rolloutstates, trainingjobs, shardmaps, checkpoints, authorizationpolicies".into())
         );
         assert_eq!(e.exit_code(), 2);
     }

@@ -142,6 +142,19 @@ pub fn summary(kind: Kind, spec: &Value) -> String {
                 .unwrap_or_default();
             format!("hosts={} routes={}", strings(&spec["hosts"]).join(","), routes.join(","))
         }
+        Kind::AuthorizationPolicies => format!(
+            "{} services={} namespace={} rules={}",
+            spec["action"].as_str().unwrap_or("allow"),
+            match strings(&spec["services"]).join(",") {
+                s if s.is_empty() => "*".to_string(),
+                s => s,
+            },
+            match cell(&spec["namespace"]) {
+                n if n.is_empty() => "*".to_string(),
+                n => n,
+            },
+            spec["rules"].as_array().map_or(0, Vec::len)
+        ),
         Kind::Nodes => format!(
             "gpus={}×{} cpu={}m mem={}Mi pool={}",
             cell(&spec["gpu_count"]),
@@ -305,21 +318,28 @@ pub fn members_table(view: &Value) -> String {
 /// (`type.googleapis.com/weft.v1.Cluster` → `clusters`).
 pub fn short_type(type_url: &str) -> String {
     let last = type_url.rsplit(['/', '.']).next().unwrap_or(type_url).to_ascii_lowercase();
-    if last.ends_with('s') { last } else { last + "s" }
+    match last.strip_suffix('y') {
+        Some(stem) => format!("{stem}ies"),
+        None if last.ends_with('s') => last,
+        None => last + "s",
+    }
 }
 
 /// The sidecar config types, in apply order: a column each, even before any sidecar ACKed one.
-const PROXY_TYPES: [&str; 4] = ["clusters", "endpoints", "experiments", "services"];
+const PROXY_TYPES: [&str; 5] = ["clusters", "endpoints", "experiments", "services", "authorizationpolicies"];
 
 /// `GET /v1/proxies` as NODE CONTROL CONNECTED, the last ACKed version (a control-plane
 /// revision) per sidecar config type, how many other types it ACKed (an Envoy's LDS/CDS/RDS/EDS,
 /// a training sidecar's shard maps: the JSON output names them), LAST NACK. The columns are
 /// fixed: what a client subscribes to never adds one.
 pub fn proxies_table(view: &Value) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
     let items = view["items"].as_array().cloned().unwrap_or_default();
     let mut headers: Vec<String> = vec!["NODE".into(), "CONTROL".into(), "CONNECTED".into()];
-    headers.extend(PROXY_TYPES.iter().map(|t| format!("{}@REV", t.to_ascii_uppercase())));
+    // `AUTHZ@REV` for authorization policies: a column name that fits.
+    headers.extend(PROXY_TYPES.iter().map(|t| format!("{}@REV", if *t == "authorizationpolicies" { "AUTHZ" } else { t }.to_ascii_uppercase())));
     headers.push("OTHER".into());
+    headers.push("CERT EXPIRES".into());
     headers.push("LAST NACK".into());
     let rows: Vec<Vec<String>> = items
         .iter()
@@ -338,6 +358,7 @@ pub fn proxies_table(view: &Value) -> String {
             }
             let other = acked.keys().filter(|url| !is_config(url)).count();
             row.push(if other == 0 { "-".into() } else { other.to_string() });
+            row.push(cert_expiry(&it["identity"], now));
             row.push(match &it["nack"] {
                 Value::Object(n) => format!(
                     "{} {}: {}",
@@ -352,6 +373,17 @@ pub fn proxies_table(view: &Value) -> String {
         .collect();
     let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
     table(&headers, &rows)
+}
+
+/// A sidecar's certificate expiry for `proxy-status`: `in 15h59m`, `EXPIRED 3m0s ago`,
+/// `none yet`, or `-` without mTLS.
+fn cert_expiry(identity: &Value, now: i64) -> String {
+    match identity["not_after"].as_i64() {
+        None => "-".into(),
+        Some(0) => "none yet".into(),
+        Some(t) if t > now => format!("in {}", short_duration((t - now) as u64)),
+        Some(t) => format!("EXPIRED {} ago", short_duration((now - t) as u64)),
+    }
 }
 
 /// `90` → `1m30s`, `7200` → `2h0m`: an age at a glance.
@@ -448,9 +480,11 @@ mod tests {
     fn proxy_status_columns() {
         let v = json!({"items": [
             {"node_id": "side-1", "control_node": 1, "connected": true,
-             "acked": {"type.googleapis.com/weft.v1.Cluster": "12", "type.googleapis.com/weft.v1.Listener": "3"},
+             "acked": {"type.googleapis.com/weft.v1.Cluster": "12", "type.googleapis.com/weft.v1.Listener": "3", "type.googleapis.com/weft.v1.AuthorizationPolicy": "14"},
+             "identity": {"spiffe_id": "spiffe://td/service/a", "not_before": 0, "not_after": 4102444800_i64},
              "nack": {"type_url": "type.googleapis.com/weft.v1.Service", "version": "13", "error": "unknown cluster x"}},
-            {"node_id": "side-2", "control_node": 2, "connected": false, "disconnected_s": 95, "acked": {}, "nack": null},
+            {"node_id": "side-2", "control_node": 2, "connected": false, "disconnected_s": 95, "acked": {}, "nack": null,
+             "identity": {"spiffe_id": "spiffe://td/service/b", "not_before": 0, "not_after": 1000}},
             {"node_id": "envoy-1", "control_node": 1, "connected": true, "nack": null, "acked": {
                 "type.googleapis.com/envoy.config.cluster.v3.Cluster": "12",
                 "type.googleapis.com/envoy.config.listener.v3.Listener": "12",
@@ -460,17 +494,20 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(
             lines[0].split_whitespace().collect::<Vec<_>>(),
-            ["NODE", "CONTROL", "CONNECTED", "CLUSTERS@REV", "ENDPOINTS@REV", "EXPERIMENTS@REV", "SERVICES@REV", "OTHER", "LAST", "NACK"],
+            ["NODE", "CONTROL", "CONNECTED", "CLUSTERS@REV", "ENDPOINTS@REV", "EXPERIMENTS@REV", "SERVICES@REV", "AUTHZ@REV", "OTHER", "CERT", "EXPIRES", "LAST", "NACK"],
             "fixed columns, saying they hold revisions"
         );
         assert_eq!(
             lines[1].split_whitespace().collect::<Vec<_>>(),
-            ["side-1", "1", "yes", "12", "-", "-", "-", "1", "services", "13:", "unknown", "cluster", "x"]
+            ["side-1", "1", "yes", "12", "-", "-", "-", "14", "1", "in", lines[1].split_whitespace().nth(10).unwrap(), "services", "13:", "unknown", "cluster", "x"]
         );
-        assert_eq!(lines[2].split_whitespace().collect::<Vec<_>>(), ["side-2", "2", "no", "(1m35s", "ago)", "-", "-", "-", "-", "-", "-"]);
+        assert!(lines[1].split_whitespace().nth(10).unwrap().ends_with('m'), "hours and minutes left: {}", lines[1]);
+        let two: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(two[..10], ["side-2", "2", "no", "(1m35s", "ago)", "-", "-", "-", "-", "-"]);
+        assert_eq!((two[10], two[11]), ("-", "EXPIRED"), "an expired certificate says so: {}", lines[2]);
         assert_eq!(
             lines[3].split_whitespace().collect::<Vec<_>>(),
-            ["envoy-1", "1", "yes", "-", "-", "-", "-", "3", "-"],
+            ["envoy-1", "1", "yes", "-", "-", "-", "-", "-", "3", "-", "-"],
             "an Envoy's types (and one no one serves) are counted, not columns"
         );
         assert_eq!(proxies_table(&json!({"items": []})).lines().count(), 1);

@@ -39,6 +39,9 @@ pub struct DemoOptions {
     pub bin_dir: Option<PathBuf>,
     /// Distinct user ids the clients draw from.
     pub users: u64,
+    /// Sidecars speak plaintext to each other (default: mutual TLS, strict, with identities
+    /// from the control plane's CA).
+    pub plaintext: bool,
 }
 
 /// The two simulated variants: B a bit slower, with more errors.
@@ -239,6 +242,31 @@ async fn put(api: SocketAddr, path: &str, spec: Value) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The trust domain of the demo mesh (weft-control's default).
+const DEMO_TRUST_DOMAIN: &str = crate::server::DEFAULT_TRUST_DOMAIN;
+
+/// The `identity:` section of a sidecar that gets `id`'s certificate from the control plane
+/// (a join token made through the API, kept in the scratch dir); empty with `--plaintext`.
+async fn identity(api: SocketAddr, dir: &Path, id: &str, plaintext: bool) -> anyhow::Result<String> {
+    if plaintext {
+        return Ok(String::new());
+    }
+    let (status, _, body) = http(api, Method::POST, "/v1/identity/tokens", &[], Some(&json!({"identity": id, "ttl": "24h"}))).await?;
+    if status != StatusCode::CREATED {
+        bail!("POST /v1/identity/tokens: {status}: {}", String::from_utf8_lossy(&body));
+    }
+    let v: Value = serde_json::from_slice(&body)?;
+    let name = id.replace('/', "-");
+    let token = dir.join(format!("{name}.token"));
+    std::fs::write(&token, v["token"].as_str().unwrap_or_default())?;
+    Ok(format!(
+        "identity: {{spiffe_id: \"{}\", token_file: \"{}\", dir: \"{}\"}}\n",
+        v["identity"].as_str().unwrap_or_default(),
+        token.display(),
+        dir.join(format!("{name}-identity")).display()
+    ))
+}
+
 fn inbound_yaml(name: &str, listen: SocketAddr, admin: SocketAddr, model: SocketAddr) -> String {
     format!(
         "node: {{id: ranker-{name}, team: ml-platform, project: ranking, job_type: inference}}\n\
@@ -380,9 +408,11 @@ pub async fn run(o: DemoOptions, proxy_bin: PathBuf, sim_bin: PathBuf) -> anyhow
     .await?;
 
     // 2. The mesh config: two clusters (endpoints come from the inbound sidecars'
-    // registrations), the experiment, and the service the client calls.
+    // registrations; mTLS to them, each expecting its variant's identity), the experiment,
+    // and the service the client calls.
     for (v, ..) in VARIANTS {
-        put(api, &format!("/v1/clusters/ranker-{v}"), json!({"endpoints": []})).await?;
+        let tls = if o.plaintext { Value::Null } else { json!({"identities": [format!("spiffe://{DEMO_TRUST_DOMAIN}/service/ranker-{v}")]}) };
+        put(api, &format!("/v1/clusters/ranker-{v}"), json!({"endpoints": [], "tls": tls})).await?;
     }
     let variants: Vec<Value> = VARIANTS
         .iter()
@@ -415,7 +445,8 @@ pub async fn run(o: DemoOptions, proxy_bin: PathBuf, sim_bin: PathBuf) -> anyhow
         .map(String::from);
         procs.spawn(&format!("model-{v}"), &sim_bin, &args, &dir)?;
         let cfg = dir.join(format!("inbound-{v}.yaml"));
-        std::fs::write(&cfg, inbound_yaml(v, addr(base, 4 + 2 * i), addr(base, 5 + 2 * i), model))?;
+        let id = identity(api, &dir, &format!("service/ranker-{v}"), o.plaintext).await?;
+        std::fs::write(&cfg, inbound_yaml(v, addr(base, 4 + 2 * i), addr(base, 5 + 2 * i), model) + &id)?;
         let mut args = common(&cfg);
         args.extend(["--register-cluster".into(), format!("ranker-{v}"), "--register-variant".into(), v.into()]);
         procs.spawn(&format!("inbound-{v}"), &proxy_bin, &args, &dir)?;
@@ -426,7 +457,8 @@ pub async fn run(o: DemoOptions, proxy_bin: PathBuf, sim_bin: PathBuf) -> anyhow
         &cfg,
         format!(
             "node: {{id: demo-client, team: ml-platform, project: ranking, job_type: inference}}\n\
-             admin: {{address: \"{out_admin}\"}}\nlisteners: [{{name: out, address: \"{outbound}\"}}]\n"
+             admin: {{address: \"{out_admin}\"}}\nlisteners: [{{name: out, address: \"{outbound}\"}}]\n{}",
+            identity(api, &dir, "ns/demo/sa/client", o.plaintext).await?
         ),
     )?;
     procs.spawn("outbound", &proxy_bin, &common(&cfg), &dir)?;
@@ -457,6 +489,11 @@ pub async fn run(o: DemoOptions, proxy_bin: PathBuf, sim_bin: PathBuf) -> anyhow
     }
     let _ = writeln!(setup, "  client         outbound weft-proxy {outbound} (admin http://{out_admin}), Host: ranker");
     let _ = writeln!(setup, "  experiment     ranker-ab: a 50 / b 50, sticky by x-user-id ({} users)", o.users);
+    let _ = writeln!(setup, "  security       {}", if o.plaintext {
+        "sidecar to sidecar in plaintext (--plaintext)".to_string()
+    } else {
+        format!("sidecar to sidecar over mutual TLS, strict: each sidecar's SPIFFE ID (spiffe://{DEMO_TRUST_DOMAIN}/...) issued by weft-control's CA")
+    });
     let _ = writeln!(
         setup,
         "driving {} s of traffic with {} concurrent clients; the first {} s are warm-up (excluded). Ctrl-C stops everything.",
@@ -568,7 +605,7 @@ mod tests {
     use super::*;
 
     fn opts() -> DemoOptions {
-        DemoOptions { seconds: 30, warmup_s: 5, concurrency: 16, listen_base: 17700, report: "r.html".into(), bin_dir: None, users: 100 }
+        DemoOptions { seconds: 30, warmup_s: 5, concurrency: 16, listen_base: 17700, report: "r.html".into(), bin_dir: None, users: 100, plaintext: false }
     }
 
     #[test]

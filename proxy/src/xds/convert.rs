@@ -18,7 +18,8 @@ use crate::duration::Dur;
 
 /// The weft types a sidecar subscribes to. Listeners are deliberately absent: they come from
 /// the bootstrap file, because a listener change needs new sockets (a restart).
-pub const SUBSCRIBED: &[&str] = &[typeurl::CLUSTER, typeurl::ENDPOINTS, typeurl::EXPERIMENT, typeurl::SERVICE];
+pub const SUBSCRIBED: &[&str] =
+    &[typeurl::CLUSTER, typeurl::ENDPOINTS, typeurl::EXPERIMENT, typeurl::SERVICE, typeurl::AUTHORIZATION_POLICY];
 
 /// Longest duration accepted, the same bound the YAML parser applies (10 years).
 const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 86400);
@@ -34,6 +35,7 @@ pub struct Dynamic {
     pub endpoints: BTreeMap<String, Vec<String>>,
     pub experiments: Vec<config::Experiment>,
     pub services: Vec<config::Service>,
+    pub authorization: Vec<config::AuthorizationPolicy>,
 }
 
 impl Dynamic {
@@ -47,6 +49,7 @@ impl Dynamic {
             }
             typeurl::EXPERIMENT => self.experiments = convert_all(resources, "experiments", experiment)?,
             typeurl::SERVICE => self.services = convert_all(resources, "services", service)?,
+            typeurl::AUTHORIZATION_POLICY => self.authorization = convert_all(resources, "authorization", authorization_policy)?,
             other => return Err(format!("{other}: not a type this sidecar subscribes to")),
         }
         Ok(())
@@ -67,6 +70,7 @@ impl Dynamic {
             typeurl::CLUSTER => diff(&self.clusters, &other.clusters, |c| &c.name),
             typeurl::EXPERIMENT => diff(&self.experiments, &other.experiments, |e| &e.name),
             typeurl::SERVICE => diff(&self.services, &other.services, |s| &s.name),
+            typeurl::AUTHORIZATION_POLICY => diff(&self.authorization, &other.authorization, |p| &p.name),
             typeurl::ENDPOINTS => {
                 let (a, b) = (&self.endpoints, &other.endpoints);
                 let mut out: Vec<String> = b.iter().filter(|(n, e)| a.get(*n) != Some(*e)).map(|(n, _)| n.clone()).collect();
@@ -99,6 +103,7 @@ impl Dynamic {
             typeurl::CLUSTER => take(&mut self.clusters, &from.clusters, name, |c| &c.name),
             typeurl::EXPERIMENT => take(&mut self.experiments, &from.experiments, name, |e| &e.name),
             typeurl::SERVICE => take(&mut self.services, &from.services, name, |s| &s.name),
+            typeurl::AUTHORIZATION_POLICY => take(&mut self.authorization, &from.authorization, name, |p| &p.name),
             typeurl::ENDPOINTS => match from.endpoints.get(name) {
                 Some(e) => {
                     self.endpoints.insert(name.to_owned(), e.clone());
@@ -121,6 +126,7 @@ impl Dynamic {
         let mut cfg = bootstrap.clone();
         overlay(&mut cfg.clusters, &self.clusters, |c| &c.name);
         overlay(&mut cfg.experiments, &self.experiments, |e| &e.name);
+        overlay(&mut cfg.authorization, &self.authorization, |p| &p.name);
         // A pushed service names the listeners it is for; on a sidecar without any of them
         // (an inbound-only sidecar, say) it is not served, rather than being an error that
         // would make this sidecar NACK config meant for others.
@@ -283,6 +289,25 @@ pub fn cluster(c: v1::Cluster) -> Result<config::Cluster, String> {
                 ca_file: t.ca_file,
             }),
         },
+    })
+}
+
+pub fn authorization_policy(p: v1::AuthorizationPolicy) -> Result<config::AuthorizationPolicy, String> {
+    let action = match v1::AuthzAction::try_from(p.action) {
+        Ok(v1::AuthzAction::Allow) => config::AuthzAction::Allow,
+        Ok(v1::AuthzAction::Deny) => config::AuthzAction::Deny,
+        Err(_) => return Err(format!("authorization.{}.action: unknown value {}", p.name, p.action)),
+    };
+    Ok(config::AuthorizationPolicy {
+        name: p.name,
+        namespace: p.namespace,
+        services: p.services,
+        action,
+        rules: p
+            .rules
+            .into_iter()
+            .map(|r| config::AuthzRule { identities: r.identities, path_prefixes: r.path_prefixes, methods: r.methods })
+            .collect(),
     })
 }
 

@@ -68,6 +68,23 @@ pub fn cluster(c: &config::Cluster) -> v1::Cluster {
     }
 }
 
+pub fn authorization_policy(p: &config::AuthorizationPolicy) -> v1::AuthorizationPolicy {
+    v1::AuthorizationPolicy {
+        name: p.name.clone(),
+        namespace: p.namespace.clone(),
+        services: p.services.clone(),
+        action: match p.action {
+            config::AuthzAction::Allow => v1::AuthzAction::Allow,
+            config::AuthzAction::Deny => v1::AuthzAction::Deny,
+        } as i32,
+        rules: p
+            .rules
+            .iter()
+            .map(|r| v1::AuthzRule { identities: r.identities.clone(), path_prefixes: r.path_prefixes.clone(), methods: r.methods.clone() })
+            .collect(),
+    }
+}
+
 pub fn experiment(e: &config::Experiment) -> v1::Experiment {
     v1::Experiment {
         name: e.name.clone(),

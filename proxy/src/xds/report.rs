@@ -109,7 +109,7 @@ pub async fn run(
     let mut client = SidecarReportsClient::new(channel);
     let mut last = sh.telemetry.variant_totals();
     let training = |sh: &Shared| sh.training.as_ref().map(|t| t.report());
-    let first = v1::SidecarReport { node_id: node_id.clone(), registration, seq: 1, load: vec![], training: training(&sh) };
+    let first = v1::SidecarReport { node_id: node_id.clone(), registration, seq: 1, load: vec![], training: training(&sh), identity: identity(&sh) };
     let _ = tx.try_send(first);
     let mut acks = match client.report(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
@@ -125,7 +125,7 @@ pub async fn run(
                 seq += 1;
                 let now = sh.telemetry.variant_totals();
                 let load = load_delta(&last, &now, &gauges(&sh));
-                let report = v1::SidecarReport { node_id: node_id.clone(), registration: None, seq, load, training: training(&sh) };
+                let report = v1::SidecarReport { node_id: node_id.clone(), registration: None, seq, load, training: training(&sh), identity: identity(&sh) };
                 last = now;
                 if tx.send(report).await.is_err() {
                     return "report stream closed".into();
@@ -138,6 +138,18 @@ pub async fn run(
             },
         }
     }
+}
+
+/// The sidecar's identity and current certificate, for `weftctl proxy-status`.
+fn identity(sh: &Shared) -> Option<v1::IdentityReport> {
+    let mesh = sh.tls.mesh.as_ref()?;
+    let secs = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let cur = mesh.current();
+    Some(v1::IdentityReport {
+        spiffe_id: mesh.id().map(|i| i.to_string()).unwrap_or_default(),
+        not_before: cur.as_ref().map_or(0, |c| secs(c.not_before)),
+        not_after: cur.as_ref().map_or(0, |c| secs(c.not_after)),
+    })
 }
 
 #[cfg(test)]
@@ -171,3 +183,4 @@ mod tests {
         assert_eq!(got, vec![("a", 5, 0, 0, true), ("b", 0, 3, 1, false), ("c", 2, 0, 0, true)], "a variant with streams open is reported");
     }
 }
+
