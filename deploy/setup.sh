@@ -16,3 +16,15 @@ until weftctl --server "$servers" apply -f "$file"; do
 done
 weftctl --server "$servers" members
 echo "weft-setup: mesh applied"
+# A join token per sidecar identity, where the sidecars read them (volume `tokens`): each
+# sidecar makes its own key and gets its certificate from the mesh CA with it (and renews with
+# it); until its token is there it retries. The token goes out in one short write.
+tokens=${TOKENS_DIR:-/var/lib/weft-tokens}
+for pair in ranker-a=service/ranker-a ranker-b=service/ranker-b client=ns/ranking/sa/client; do
+  name=${pair%%=*} id=${pair#*=}
+  out=$(weftctl --server "$servers" identity token create --identity "$id" --description "compose $name") || {
+    echo "weft-setup: could not make the join token of $id" >&2; exit 1; }
+  printf '%s\n' "${out%%$'\n'*}" > "$tokens/$name.token"
+  echo "weft-setup: join token for $id written"
+done
+echo "weft-setup: identities ready"

@@ -155,6 +155,17 @@ prom_has_all() {
 wait_for "Prometheus holds weft_requests_total from the client, ranker-a and ranker-b sidecars" prom_has_all
 r=$(promq 'sum by (node) (weft_requests_total)')
 log "prometheus: sum by (node) (weft_requests_total) = $(grep -o '"node":"[^"]*"},"value":\[[^]]*\]' <<<"$r" | sed -e 's/"node":"//' -e 's/"},"value":\[[0-9.]*,"/=/' -e 's/"\]//' | tr '\n' ' ')"
+# Sidecar to sidecar is mutual TLS: the rankers served the client over mTLS, as the client's
+# SPIFFE ID, and never in plaintext.
+mtls_seen() {
+  local r
+  r=$(promq 'sum by (node) (weft_requests_total{tls="mtls",peer_identity="spiffe://weft.local/ns/ranking/sa/client"})') || return 1
+  grep -q '"node":"ranker-a"' <<<"$r" && grep -q '"node":"ranker-b"' <<<"$r"
+}
+wait_for "Prometheus shows both rankers serving the client over mTLS" mtls_seen
+plain=$(promq 'sum(weft_requests_total{node=~"ranker-.*",tls="plaintext"}) or vector(0)' | grep -o '"value":\[[^]]*\]' | sed 's/.*,"\(.*\)"\]/\1/')
+[ "$plain" = 0 ] || fail "the rankers served $plain requests in plaintext (strict mTLS expected)"
+log "mtls: both rankers serve the client as spiffe://weft.local/ns/ranking/sa/client, 0 plaintext requests"
 up=$(promq 'sum(up{job="weft-sidecars"})' | grep -o '"value":\[[^]]*\]' | sed 's/.*,"\(.*\)"\]/\1/')
 [ "$up" = 3 ] || fail "Prometheus scrapes $up of 3 sidecars (up{job=\"weft-sidecars\"})"
 loadgen_seen() {

@@ -704,6 +704,9 @@ mod tests {
             (Kind::Endpoints, json!({"endpoints": [{"address": "h:0"}]}), "endpoints[0].address"),
             (Kind::Services, json!({"name": "other"}), "name"),
             (Kind::Services, json!([1, 2]), ""),
+            (Kind::Clusters, json!({"tls": {"identities": ["https://x"]}}), "tls.identities"),
+            (Kind::AuthorizationPolicies, json!({"rules": [{"identities": ["web"]}]}), "rules[0].identities"),
+            (Kind::AuthorizationPolicies, json!({"namespace": "a b"}), "namespace"),
         ];
         for (kind, spec, field) in cases {
             let e = validate(kind, "x", &spec).expect_err(&spec.to_string());
@@ -711,6 +714,14 @@ mod tests {
             assert!(!e.message.is_empty());
         }
         assert_eq!(validate(Kind::Clusters, "a/b", &json!({})).unwrap_err().field, "name");
+    }
+
+    #[test]
+    fn tls_files_are_the_sidecars_not_looked_for_on_the_control_node() {
+        let spec = json!({"tls": {"mode": "simple", "sni": "api.example", "ca_file": "/etc/only-on-the-sidecar/ca.pem"}});
+        validate(Kind::Clusters, "ext", &spec).expect("a sidecar's ca_file is not read here");
+        let policy = json!({"services": ["chat"], "rules": [{"identities": ["spiffe://weft.local/ns/apps/*"], "methods": ["POST"]}]});
+        validate(Kind::AuthorizationPolicies, "p", &policy).expect("a valid policy");
     }
 
     #[test]

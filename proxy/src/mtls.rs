@@ -49,17 +49,20 @@ impl Peer {
 pub struct TlsContext {
     pub mesh: Option<Arc<MeshIdentity>>,
     pub stats: TlsStats,
+    /// Compiling only to validate (the control plane checking a resource): files a sidecar
+    /// would read (a cluster's `ca_file`) are on the sidecar's machine, not looked at here.
+    validate_only: bool,
 }
 
 impl TlsContext {
     pub fn new(identity: Option<&config::Identity>) -> Result<Arc<TlsContext>, String> {
         let mesh = identity.map(MeshIdentity::from_config).transpose()?.map(Arc::new);
-        Ok(Arc::new(TlsContext { mesh, stats: TlsStats::default() }))
+        Ok(Arc::new(TlsContext { mesh, stats: TlsStats::default(), validate_only: false }))
     }
 
-    /// A context with no identity (to validate configs that do not run).
+    /// A context with no identity, to validate configs that do not run here.
     pub fn none() -> Arc<TlsContext> {
-        Arc::new(TlsContext::default())
+        Arc::new(TlsContext { validate_only: true, ..TlsContext::default() })
     }
 }
 
@@ -367,8 +370,8 @@ pub struct Origin {
 
 enum OriginKind {
     Mesh(Vec<SpiffeId>),
-    /// Roots fixed at compile; ALPN per the cluster's protocol.
-    Simple(Arc<rustls::ClientConfig>),
+    /// Roots fixed at compile; ALPN per the cluster's protocol. `None` when only validating.
+    Simple(Option<Arc<rustls::ClientConfig>>),
 }
 
 impl Origin {
@@ -395,11 +398,16 @@ impl Origin {
                 if !t.identities.is_empty() {
                     return Err(format!("{f}.identities: for mode mesh (a simple upstream is checked by its name)"));
                 }
-                let roots = match t.ca_file.as_str() {
-                    "" => None,
-                    p => Some(std::fs::read_to_string(p).map_err(|e| format!("{f}.ca_file {p}: {e}"))?),
-                };
-                OriginKind::Simple(tls::simple_client_config(roots.as_deref(), alpn(c.protocol)).map_err(|e| format!("{f}: {e}"))?)
+                if ctx.validate_only {
+                    OriginKind::Simple(None)
+                } else {
+                    let roots = match t.ca_file.as_str() {
+                        "" => None,
+                        p => Some(std::fs::read_to_string(p).map_err(|e| format!("{f}.ca_file {p}: {e}"))?),
+                    };
+                    let cfg = tls::simple_client_config(roots.as_deref(), alpn(c.protocol)).map_err(|e| format!("{f}: {e}"))?;
+                    OriginKind::Simple(Some(cfg))
+                }
             }
         };
         Ok(Some(Origin { kind, sni, ctx: ctx.clone() }))
@@ -416,7 +424,7 @@ impl Origin {
     /// What a dial to the endpoint `label` (`host:port` as configured) needs.
     pub fn dial(&self, label: &str, protocol: UpstreamProtocol) -> Result<TlsDial<'_>, String> {
         let config = match &self.kind {
-            OriginKind::Simple(c) => c.clone(),
+            OriginKind::Simple(c) => c.clone().ok_or("TLS origination is not set up in a validation-only config")?,
             OriginKind::Mesh(ids) => {
                 let mesh = self.ctx.mesh.as_ref().ok_or("this sidecar has no mesh identity")?;
                 let current = mesh.current().ok_or("this sidecar has no certificate yet")?;

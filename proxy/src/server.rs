@@ -417,7 +417,9 @@ async fn serve_tls(
 }
 
 /// The service hyper runs for each request of a connection; `peer` (a TLS connection's) goes
-/// in each request's extensions.
+/// in each request's extensions. On an HTTP/1.1 connection (a TLS one: weft's own server
+/// serves plain ones) a WebSocket handshake is carried as weft's server carries it, and once
+/// the upstream switched, hyper's upgraded connection is joined to the upstream's.
 fn service(
     sh: Arc<Shared>,
     li: usize,
@@ -428,8 +430,15 @@ fn service(
         if let Some(p) = &peer {
             req.extensions_mut().insert(p.clone());
         }
+        let upgrade = (req.version() == http::Version::HTTP_11 && asks_upgrade(req.headers())).then(|| {
+            req.extensions_mut().insert(crate::h1::UpgradeRequest);
+            hyper::upgrade::on(&mut req)
+        });
         async move {
             let mut resp = crate::proxy::handle(sh, li, req.map(DownBody::H2), None).await?;
+            if let Some(down) = upgrade.filter(|_| resp.status() == http::StatusCode::SWITCHING_PROTOCOLS) {
+                join_upgraded(&mut resp, down);
+            }
             // An HTTP/1.1 upstream's fields travel beside the map (`h1::fields`); hyper's
             // writers need them in it.
             if let Some(f) = resp.body_mut().take_fields() {
@@ -440,6 +449,32 @@ fn service(
     })
 }
 
+/// `Connection: upgrade` (a token of it) with an `Upgrade` field: a handshake to carry.
+fn asks_upgrade(h: &http::HeaderMap) -> bool {
+    h.contains_key(http::header::UPGRADE)
+        && h.get_all(http::header::CONNECTION).iter().any(|v| v.as_bytes().split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade")))
+}
+
+/// The upstream switched protocols: the `101` goes out with `Connection: upgrade`, and once
+/// hyper hands over the client's connection it is joined to the upstream's (as
+/// [`crate::tunnel::run`] joins a plain one).
+fn join_upgraded(resp: &mut http::Response<crate::body::RespBody>, down: hyper::upgrade::OnUpgrade) {
+    let up = resp.extensions().get::<crate::h1::Upgraded>().and_then(crate::h1::Upgraded::take);
+    let settings = resp.extensions().get::<crate::tunnel::Settings>().cloned();
+    resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("upgrade"));
+    let (Some((up, up_buf, place)), Some(settings)) = (up, settings) else { return };
+    tokio::spawn(async move {
+        static NEVER: AtomicBool = AtomicBool::new(false);
+        let _place = place;
+        match down.await {
+            Ok(d) => {
+                crate::tunnel::run(TokioIo::new(d), BytesMut::new(), up, up_buf, &settings, &NEVER).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "client connection not upgraded; tunnel not opened"),
+        }
+    });
+}
+
 /// HTTP/1.1 on hyper, for TLS connections (weft's own HTTP/1.1 server runs on plain sockets).
 async fn serve_h1_hyper<I>(sh: Arc<Shared>, li: usize, io: I, peer: Option<Arc<crate::mtls::Peer>>, max_head: usize, closing: Arc<AtomicBool>)
 where
@@ -447,7 +482,7 @@ where
 {
     let mut b = hyper::server::conn::http1::Builder::new();
     b.timer(TokioTimer::new()).max_buf_size(max_head.max(8192));
-    let conn = b.serve_connection(TokioIo::new(io), service(sh, li, peer));
+    let conn = b.serve_connection(TokioIo::new(io), service(sh, li, peer)).with_upgrades();
     drive(conn, &closing, |c| c.graceful_shutdown()).await;
 }
 

@@ -5,7 +5,9 @@
 //! bad client certificate (expired, another CA's, another trust domain's, no URI SAN, none at
 //! all) is refused with its reason counted, and good clients keep being served; a server with
 //! the wrong identity is refused by the client side; rewritten files rotate the credentials
-//! under load without losing a request.
+//! under load without losing a request; plain TLS: an ingress listener terminates it and a
+//! cluster originates it to an upstream outside the mesh, checked by name; a WebSocket crosses
+//! the mTLS hop over HTTP/1.1.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -86,8 +88,9 @@ telemetry: {{access_log: {{enabled: true, path: "{log}"}}}}
     ))
 }
 
-/// An outbound sidecar with identity WEB: host `model` over HTTP/1.1 and `model-h2` over HTTP/2,
-/// both mTLS to `to`, expecting `expect`.
+/// An outbound sidecar with identity WEB: host `model` over HTTP/1.1, `model-h2` over HTTP/2 and
+/// `model-fresh` over HTTP/1.1 on a new connection per request, all mTLS to `to`, expecting
+/// `expect`.
 fn outbound(pki: &Pki, to: SocketAddr, expect: &str, cluster_extra: &str) -> weft_proxy::Proxy {
     start_proxy(&format!(
         r#"
@@ -97,9 +100,13 @@ listeners: [{{name: out, address: "127.0.0.1:0"}}]
 services:
   - {{name: m, hosts: ["model"], routes: [{{name: r, cluster: model}}]}}
   - {{name: m2, hosts: ["model-h2"], routes: [{{name: r, cluster: model-h2}}]}}
+  - {{name: m3, hosts: ["model-fresh"], routes: [{{name: r, cluster: model-fresh, timeout: 10s}}]}}
 clusters:
   - {{name: model, endpoints: ["{to}"], tls: {{identities: ["{expect}"]}}{cluster_extra}}}
   - {{name: model-h2, protocol: http2, endpoints: ["{to}"], tls: {{identities: ["{expect}"]}}}}
+  # No idle connection kept: each request opens one, shaking hands with the credentials of
+  # the moment.
+  - {{name: model-fresh, endpoints: ["{to}"], tls: {{identities: ["{expect}"]}}, max_idle_per_endpoint: 0, connect_timeout: 5s}}
 "#,
         identity = pki.identity("web", WEB),
     ))
@@ -187,15 +194,15 @@ async fn plaintext_is_refused_on_a_strict_port_and_a_permissive_port_takes_both(
     }
 }
 
-/// A client certificate with no URI SAN (a DNS name only), signed by `ca`'s key.
-fn leaf_without_uri_san(ca: &MeshCa) -> (String, String) {
+/// A certificate for DNS name `name` only (no URI SAN), signed by `ca`'s key, for `usage`.
+fn dns_leaf(ca: &MeshCa, name: &str, usage: rcgen::ExtendedKeyUsagePurpose) -> (String, String) {
     use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer, pem::PemObject};
     let ca_key = rcgen::KeyPair::try_from(&PrivatePkcs8KeyDer::from_pem_slice(ca.key_pem().as_bytes()).unwrap()).unwrap();
     let ca_der = CertificateDer::from_pem_slice(ca.cert_pem().as_bytes()).unwrap();
     let issuer = rcgen::Issuer::from_ca_cert_der(&ca_der, ca_key).unwrap();
     let key = rcgen::KeyPair::generate().unwrap();
-    let mut p = rcgen::CertificateParams::new(vec!["web.apps".to_string()]).unwrap();
-    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let mut p = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+    p.extended_key_usages = vec![usage];
     let cert = p.signed_by(&key, &issuer).unwrap();
     let pem = |label, der: &[u8]| weft_proxy::identity::pem_encode(label, der);
     (pem("CERTIFICATE", cert.der()), pem("PRIVATE KEY", &key.serialize_der()))
@@ -266,7 +273,7 @@ async fn each_bad_client_certificate_is_refused_with_its_reason_and_good_clients
             client_cfg(&c, &k, root)
         }, &["wrong_trust_domain"]),
         ("without a URI SAN", {
-            let (c, k) = leaf_without_uri_san(&pki.ca);
+            let (c, k) = dns_leaf(&pki.ca, "web.apps", rcgen::ExtendedKeyUsagePurpose::ClientAuth);
             let creds = Credentials::from_pem(&c, &k, root).unwrap();
             weft_proxy::tls::client_config(&creds, Expect::one(MODEL.parse().unwrap()), b"http/1.1").unwrap()
         }, &["no_spiffe_id"]),
@@ -312,9 +319,10 @@ async fn rewritten_credentials_rotate_under_load_without_losing_a_request() {
     let up = Upstream::start("model-a").await;
     let log = pki.dir.path().join("a.log").display().to_string();
     let inp = inbound(&pki, up.addr, "", &log);
-    // No idle connections kept: every request opens a connection, so each shakes hands with
-    // whatever credentials are current.
-    let out = outbound(&pki, inp.listener_addrs[0], MODEL, ", max_idle_per_endpoint: 0");
+    // Pooled connections carry most requests (they stay open across rotations); every tenth
+    // request opens a new connection (`model-fresh`), shaking hands with the credentials of
+    // the moment.
+    let out = outbound(&pki, inp.listener_addrs[0], MODEL, "");
     let addr = out.listener_addrs[0];
     let (sent, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let load = {
@@ -323,13 +331,14 @@ async fn rewritten_credentials_rotate_under_load_without_losing_a_request() {
             let c = client();
             // 200 requests a second for 10 s.
             let mut tick = tokio::time::interval(Duration::from_millis(5));
-            for _ in 0..2000 {
+            for i in 0..2000 {
                 tick.tick().await;
                 let c = c.clone();
                 let (sent, failed) = (sent.clone(), failed.clone());
+                let host = if i % 10 == 0 { "model-fresh" } else { "model" };
                 tokio::spawn(async move {
                     sent.fetch_add(1, SeqCst);
-                    if get(&c, addr, "model", "/", &[]).await.0 != http::StatusCode::OK {
+                    if get(&c, addr, host, "/", &[]).await.0 != http::StatusCode::OK {
                         failed.fetch_add(1, SeqCst);
                     }
                 });
@@ -358,4 +367,105 @@ async fn rewritten_credentials_rotate_under_load_without_losing_a_request() {
         assert!(metric_sum(&m, "weft_tls_credential_reloads_total", &[("result", "rotated")]) >= 3.0, "{id}: {m}");
         assert!(issued(&m, id) >= was + 14.0, "{id} serves the last leaf: {} vs {was}", issued(&m, id));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingress_terminates_tls_and_a_cluster_originates_it_checked_by_name() {
+    let pki = Pki::new();
+    let up = Upstream::start("model-a").await;
+    let (cert, key) = dns_leaf(&pki.ca, "model.example", rcgen::ExtendedKeyUsagePurpose::ServerAuth);
+    let (cert_path, key_path, ca_path) = (pki.path("ingress", "cert"), pki.path("ingress", "key"), pki.path("ingress", "ca"));
+    std::fs::write(&cert_path, cert).unwrap();
+    std::fs::write(&key_path, key).unwrap();
+    std::fs::write(&ca_path, pki.ca.cert_pem()).unwrap();
+    let ingress = start_proxy(&format!(
+        r#"
+admin: {{address: "127.0.0.1:0"}}
+listeners: [{{name: edge, address: "127.0.0.1:0", tls: {{mode: terminate, cert_file: "{cert_path}", key_file: "{key_path}"}}}}]
+services: [{{name: s, hosts: ["*"], routes: [{{name: r, cluster: local}}]}}]
+clusters: [{{name: local, endpoints: ["{}"]}}]
+"#,
+        up.addr
+    ));
+    let edge = ingress.listener_addrs[0];
+    let caller = |sni: &str| {
+        start_proxy(&format!(
+            r#"
+admin: {{address: "127.0.0.1:0"}}
+listeners: [{{name: out, address: "127.0.0.1:0"}}]
+services: [{{name: s, hosts: ["*"], routes: [{{name: r, cluster: edge}}]}}]
+clusters: [{{name: edge, endpoints: ["{edge}"], tls: {{mode: simple, sni: "{sni}", ca_file: "{ca_path}"}}}}]
+"#
+        ))
+    };
+    let good = caller("model.example");
+    let (s, _, b) = get(&client(), good.listener_addrs[0], "model", "/", &[]).await;
+    assert_eq!((s, &b[..]), (http::StatusCode::OK, &b"model-a"[..]));
+    let m = metrics(&ingress).await;
+    assert_eq!(metric_sum(&m, "weft_downstream_connections_total", &[("listener", "edge"), ("tls", "tls")]), 1.0, "{m}");
+    // Plaintext to the TLS-only ingress: refused, saying TLS (not mutual TLS) is required.
+    let (s, _, b) = get(&client(), edge, "model", "/", &[]).await;
+    assert_eq!(s, http::StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&b).contains("requires TLS"), "{b:?}");
+    // A name the certificate does not hold: the caller refuses the server.
+    let wrong = caller("other.example");
+    let (s, _, b) = get(&client(), wrong.listener_addrs[0], "model", "/", &[]).await;
+    assert_eq!(s, http::StatusCode::SERVICE_UNAVAILABLE, "{b:?}");
+    let m = metrics(&wrong).await;
+    assert_eq!(metric_sum(&m, "weft_tls_handshakes_total", &[("side", "client"), ("result", "wrong_name")]), 1.0, "{m}");
+    assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_crosses_the_mtls_hop_over_http1() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+    // A WebSocket echo server behind the inbound sidecar.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ws_addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                if let Ok(ws) = tokio_tungstenite::accept_async(s).await {
+                    let (mut tx, mut rx) = ws.split();
+                    while let Some(Ok(m)) = rx.next().await {
+                        if (m.is_text() || m.is_binary()) && tx.send(m).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let pki = Pki::new();
+    let log = pki.dir.path().join("a.log").display().to_string();
+    let inp = start_proxy(&format!(
+        r#"
+admin: {{address: "127.0.0.1:0"}}
+{identity}
+listeners: [{{name: in, address: "127.0.0.1:0", direction: inbound}}]
+services: [{{name: model, hosts: ["*"], routes: [{{name: r, cluster: local}}]}}]
+clusters: [{{name: local, endpoints: ["{ws_addr}"]}}]
+telemetry: {{access_log: {{enabled: true, path: "{log}"}}}}
+"#,
+        identity = pki.identity("model", MODEL),
+    ));
+    let out = outbound(&pki, inp.listener_addrs[0], MODEL, "");
+    let tcp = tokio::net::TcpStream::connect(out.listener_addrs[0]).await.unwrap();
+    let req = "ws://model/v1/stream".into_client_request().unwrap();
+    let (mut ws, resp) = tokio::time::timeout(Duration::from_secs(10), tokio_tungstenite::client_async(req, tcp)).await.unwrap().unwrap();
+    assert_eq!(resp.status(), http::StatusCode::SWITCHING_PROTOCOLS);
+    for i in 0..20 {
+        ws.send(Message::text(format!("token {i}"))).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(got.into_text().unwrap().as_str(), format!("token {i}"));
+    }
+    let big = vec![7u8; 300_000];
+    ws.send(Message::binary(big.clone())).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(got.into_data().len(), big.len());
+    ws.close(None).await.unwrap();
+    let m = metrics(&inp).await;
+    assert_eq!(metric_sum(&m, "weft_downstream_connections_total", &[("listener", "in"), ("tls", "mtls")]), 1.0, "{m}");
+    assert!(metric_sum(&m, "weft_tunnel_bytes_total", &[]) >= 300_000.0, "{m}");
 }

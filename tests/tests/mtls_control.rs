@@ -56,15 +56,19 @@ struct Mesh {
 }
 
 /// A control node, an inbound sidecar in front of a model server (registered as an endpoint of
-/// cluster `model`), and an outbound one; `model` is mTLS (pushed over xDS), keeping no idle
-/// connection, so each request shakes hands with the certificates of the moment.
+/// cluster `model`), and an outbound one; `model` is mTLS (pushed over xDS), and so is
+/// `model-fresh`, the same endpoint keeping no idle connection, so each of its requests shakes
+/// hands with the certificates of the moment.
 async fn mesh(lifetime: &str) -> Mesh {
     let dir = tempfile::tempdir().unwrap();
     let node = control(dir.path(), lifetime).await;
     let c = client();
     for (path, spec) in [
-        ("/v1/clusters/model", json!({"endpoints": [], "tls": {"identities": [MODEL]}, "max_idle_per_endpoint": 0})),
-        ("/v1/services/s", json!({"hosts": ["model"], "listeners": ["out"], "routes": [{"name": "r", "cluster": "model", "timeout": "2s"}]})),
+        ("/v1/clusters/model", json!({"endpoints": [], "tls": {"identities": [MODEL]}, "connect_timeout": "5s"})),
+        // The same endpoint on a new connection per request (its address is added below).
+        ("/v1/clusters/model-fresh", json!({"endpoints": [], "tls": {"identities": [MODEL]}, "max_idle_per_endpoint": 0, "connect_timeout": "5s"})),
+        ("/v1/services/s", json!({"hosts": ["model"], "listeners": ["out"], "routes": [{"name": "r", "cluster": "model", "timeout": "10s"}]})),
+        ("/v1/services/s-fresh", json!({"hosts": ["model-fresh"], "listeners": ["out"], "routes": [{"name": "r", "cluster": "model-fresh", "timeout": "10s"}]})),
     ] {
         let (s, v) = api(&c, Method::PUT, node.api, path, Some(spec)).await;
         assert_eq!(s, StatusCode::OK, "{path}: {v}");
@@ -88,6 +92,8 @@ async fn mesh(lifetime: &str) -> Mesh {
         )
     }, ["--register-cluster", "model", "--report-interval", "200ms"].map(String::from).to_vec());
     let outbound = outbound_sidecar("out-1", &node, &side, &tout, &dout);
+    let (s, v) = api(&c, Method::PUT, node.api, "/v1/endpoints/model-fresh", Some(json!({"endpoints": [{"address": inbound.listen.to_string()}]}))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
     wait_for("traffic flows over mTLS", Duration::from_secs(30), || async {
         (body_if_ok(&c, outbound.listen, "model", "/").await == "model-a").then_some(())
     })
@@ -145,12 +151,14 @@ async fn issued_certificates_rotate_three_times_under_load_losing_nothing_and_ke
     let base = m.up.hits();
     let mut tick = tokio::time::interval(Duration::from_millis(5));
     let c = client();
-    for _ in 0..total {
+    for i in 0..total {
         tick.tick().await;
         let (c, sent, failed) = (c.clone(), sent.clone(), failed.clone());
+        // Every tenth on a new connection (a full handshake with the certificates of the moment).
+        let host = if i % 10 == 0 { "model-fresh" } else { "model" };
         tokio::spawn(async move {
             sent.fetch_add(1, SeqCst);
-            let (s, _, b) = get(&c, addr, "model", "/", &[]).await;
+            let (s, _, b) = get(&c, addr, host, "/", &[]).await;
             if s != StatusCode::OK {
                 failed.fetch_add(1, SeqCst);
                 eprintln!("lost: {s} {}", String::from_utf8_lossy(&b));
@@ -193,10 +201,11 @@ async fn with_the_control_plane_down_mtls_serves_until_the_leaf_expires_and_issu
     m.node.kill();
     let until = expiry(&metrics(m.outbound.admin).await).min(expiry(&metrics(m.inbound.admin).await));
     assert!(until > unix_now(), "valid when the control plane went");
-    // Until a second before the earlier expiry, every request is served.
+    // Until a second before the earlier expiry, every request is served, each on a new
+    // connection (`model-fresh`): an open connection would outlive its certificates.
     let mut served = 0;
     while unix_now() < until - 1.0 {
-        let (s, _, b) = get(&c, m.outbound.listen, "model", "/", &[]).await;
+        let (s, _, b) = get(&c, m.outbound.listen, "model-fresh", "/", &[]).await;
         assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
         served += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -207,7 +216,7 @@ async fn with_the_control_plane_down_mtls_serves_until_the_leaf_expires_and_issu
     assert!(metric_sum(&text, "weft_tls_credential_reloads_total", &[("result", "issue_failed")]) >= 1.0, "{text}");
     // After it, new connections fail: an expired leaf is refused.
     wait_for("requests fail once the leaf expired", Duration::from_secs(10), || async {
-        (get(&c, m.outbound.listen, "model", "/", &[]).await.0 == StatusCode::SERVICE_UNAVAILABLE).then_some(())
+        (get(&c, m.outbound.listen, "model-fresh", "/", &[]).await.0 == StatusCode::SERVICE_UNAVAILABLE).then_some(())
     })
     .await;
     let refused = |t: &str| metric_sum(t, "weft_tls_handshakes_total", &[("result", "expired")]);
@@ -216,7 +225,7 @@ async fn with_the_control_plane_down_mtls_serves_until_the_leaf_expires_and_issu
     // The control plane returns: both sidecars get new leaves, traffic resumes.
     m.node.restart();
     wait_for("traffic resumes with new certificates", Duration::from_secs(40), || async {
-        (body_if_ok(&c, m.outbound.listen, "model", "/").await == "model-a").then_some(())
+        (body_if_ok(&c, m.outbound.listen, "model-fresh", "/").await == "model-a").then_some(())
     })
     .await;
 }
@@ -254,7 +263,7 @@ async fn an_authorization_policy_admits_one_identity_and_refuses_another() {
     .await;
     let body: Value = serde_json::from_slice(&b).unwrap();
     assert_eq!((s, body["error"].as_str(), body["caller"].as_str()), (StatusCode::FORBIDDEN, Some("unauthorized"), Some(BATCH)), "{body}");
-    assert_eq!(get(&c, m.outbound.listen, "model", "/", &[]).await.0, StatusCode::OK, "WEB is admitted");
+    assert_eq!(get(&c, m.outbound.listen, "model-fresh", "/", &[]).await.0, StatusCode::OK, "WEB is admitted");
     let (s, _, b) = get(&c, m.outbound.listen, "model", "/admin/stats", &[]).await;
     let body: Value = serde_json::from_slice(&b).unwrap();
     assert_eq!((s, body["policy"].as_str()), (StatusCode::FORBIDDEN, Some("no-admin")), "deny wins: {body}");
