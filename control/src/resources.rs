@@ -52,11 +52,14 @@ pub enum Kind {
     /// Who may call which service (a proxy `authorization[]` item each), pushed to every
     /// sidecar and enforced by inbound ones.
     AuthorizationPolicies,
+    /// Revoked identities (a proxy `revocations[]` item each): peers whose certificate for the
+    /// identity predates `issued_before` are refused in the handshake.
+    Revocations,
 }
 
 impl Kind {
     /// In apply order: what others refer to comes first.
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Clusters,
         Kind::Endpoints,
         Kind::Experiments,
@@ -71,6 +74,7 @@ impl Kind {
         Kind::ShardMaps,
         Kind::Checkpoints,
         Kind::AuthorizationPolicies,
+        Kind::Revocations,
     ];
 
     /// Whether specs of this kind are written through the resource API (placements are the
@@ -112,6 +116,7 @@ impl Kind {
             Kind::ShardMaps => "shardmaps",
             Kind::Checkpoints => "checkpoints",
             Kind::AuthorizationPolicies => "authorizationpolicies",
+            Kind::Revocations => "revocations",
         }
     }
 
@@ -132,6 +137,7 @@ impl Kind {
             Kind::ShardMaps => "ShardMap",
             Kind::Checkpoints => "Checkpoint",
             Kind::AuthorizationPolicies => "AuthorizationPolicy",
+            Kind::Revocations => "Revocation",
         }
     }
 
@@ -400,6 +406,13 @@ pub fn validate(kind: Kind, name: &str, spec: &Value) -> Result<Valid, FieldErro
             compile(cfg, &format!("authorization.{name}"))?;
             Ok(Valid { json: to_json(&p), refs: vec![] })
         }
+        Kind::Revocations => {
+            let r: config::Revocation = parse(&spec)?;
+            let mut cfg = harness(&[]);
+            cfg.revocations.push(r.clone());
+            compile(cfg, &format!("revocations.{name}"))?;
+            Ok(Valid { json: to_json(&r), refs: vec![] })
+        }
         Kind::Placements | Kind::ScalingDecisions | Kind::RolloutStates | Kind::ShardMaps | Kind::Checkpoints => {
             Err(err("", format!("{kind} are written by {}", kind.written_by().unwrap_or("the control plane"))))
         }
@@ -526,6 +539,11 @@ fn convert(r: &Resource) -> Converted {
         "authorizationpolicies" => {
             if let Ok(p) = serde_json::from_str::<config::AuthorizationPolicy>(&r.value_json) {
                 c.body = Some((typeurl::AUTHORIZATION_POLICY, p.name.clone(), to_any(&encode::authorization_policy(&p))));
+            }
+        }
+        "revocations" => {
+            if let Ok(rv) = serde_json::from_str::<config::Revocation>(&r.value_json) {
+                c.body = Some((typeurl::REVOCATION, rv.name.clone(), to_any(&encode::revocation(&rv))));
             }
         }
         "shardmaps" => {

@@ -36,6 +36,7 @@ pub fn types_of(kind: &str) -> &'static [&'static str] {
         "experiments" => &[typeurl::EXPERIMENT],
         "services" => &[typeurl::SERVICE],
         "authorizationpolicies" => &[typeurl::AUTHORIZATION_POLICY],
+        "revocations" => &[typeurl::REVOCATION],
         "shardmaps" => &[typeurl::SHARD_MAP],
         "scalingdecisions" => &[typeurl::SCALING_DECISION],
         "placements" => &[typeurl::PLACEMENT],

@@ -27,6 +27,22 @@ pub struct Config {
     /// Who may call the services of this sidecar's inbound listeners (see
     /// [`AuthorizationPolicy`]); empty = everyone.
     pub authorization: Vec<AuthorizationPolicy>,
+    /// Revoked identities (see [`Revocation`]).
+    pub revocations: Vec<Revocation>,
+}
+
+/// `revocations[]`: a peer whose certificate is for `identity` and became valid before
+/// `issued_before` (Unix seconds) is refused in the TLS handshake, by callers and callees alike
+/// (`weft_tls_handshakes_total{result="revoked"}`). Certificates issued later are accepted, so
+/// revoke the identity's join token too (`weftctl identity revoke` does both) or it is simply
+/// renewed. Leaves are backdated by up to a minute, so one issued within that minute after the
+/// revocation is refused too. Connections already open are not cut.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Revocation {
+    pub name: String,
+    pub identity: String,
+    pub issued_before: u64,
 }
 
 /// `authorization[]`: which callers may reach which services, enforced by the inbound sidecar

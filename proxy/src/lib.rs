@@ -162,6 +162,9 @@ impl Shared {
             Err(e) => return Err(e),
         }
         let v = snap.version;
+        if let Some(m) = &self.tls.mesh {
+            m.set_revocations(&snap.config.revocations);
+        }
         self.snapshot.store(Arc::new(snap));
         Ok(v)
     }

@@ -66,6 +66,21 @@ impl TlsContext {
     }
 }
 
+/// `revocations[]` as a sidecar can use them: unique names, a SPIFFE ID, a time.
+pub fn check_revocations(cfg: &config::Config) -> Result<(), String> {
+    let mut names = std::collections::HashSet::new();
+    for r in &cfg.revocations {
+        if r.name.is_empty() || !names.insert(r.name.as_str()) {
+            return Err(format!("revocations: every entry needs a unique, non-empty name ({:?})", r.name));
+        }
+        r.identity.parse::<SpiffeId>().map_err(|e| format!("revocations.{}.identity: {e}", r.name))?;
+        if r.issued_before == 0 {
+            return Err(format!("revocations.{}.issued_before: give the time (Unix seconds) before which its certificates are revoked", r.name));
+        }
+    }
+    Ok(())
+}
+
 /// Checks that need the running sidecar: mesh TLS on a listener or cluster needs an identity.
 pub fn check(cfg: &config::Config, has_identity: bool) -> Result<(), String> {
     if has_identity {
@@ -101,6 +116,8 @@ pub struct MeshIdentity {
     /// The files' stamp when they last failed to load: not retried (nor counted) until they
     /// change again.
     failed: Mutex<Option<Stamp>>,
+    /// Peers refused for a revoked identity (`revocations[]`), shared by every configuration.
+    revoked: tls::Revoked,
 }
 
 type Stamp = Vec<(SystemTime, u64)>;
@@ -160,7 +177,7 @@ impl MeshIdentity {
             return Err(format!("{}: required (the sidecar's certificate, its key and the mesh root, PEM)", missing.join(", ")));
         }
         let files = Files { cert: c.cert_file.clone().into(), key: c.key_file.clone().into(), ca: c.ca_file.clone().into() };
-        let me = MeshIdentity { id, files: Some(files.clone()), issued: None, current: ArcSwapOption::empty(), seen: Mutex::default(), failed: Mutex::default() };
+        let me = MeshIdentity { id, files: Some(files.clone()), issued: None, current: ArcSwapOption::empty(), seen: Mutex::default(), failed: Mutex::default(), revoked: tls::Revoked::default() };
         let loaded = me.load_files(&files)?;
         me.current.store(Some(Arc::new(loaded)));
         Ok(me)
@@ -180,7 +197,7 @@ impl MeshIdentity {
         }
         let issued = Issued { token_file: c.token_file.clone().into(), dir: c.dir.clone().into() };
         std::fs::create_dir_all(&issued.dir).map_err(|e| format!("identity.dir {}: {e}", issued.dir.display()))?;
-        let me = MeshIdentity { id, files: None, issued: Some(issued.clone()), current: ArcSwapOption::empty(), seen: Mutex::default(), failed: Mutex::default() };
+        let me = MeshIdentity { id, files: None, issued: Some(issued.clone()), current: ArcSwapOption::empty(), seen: Mutex::default(), failed: Mutex::default(), revoked: tls::Revoked::default() };
         let kept = Files { cert: issued.cert(), key: issued.key(), ca: issued.ca() };
         match me.load_files(&kept) {
             Ok(l) if l.not_after > SystemTime::now() => {
@@ -191,6 +208,16 @@ impl MeshIdentity {
             Err(_) => {}
         }
         Ok(me)
+    }
+
+    /// Refuse peers of these revoked identities from now on (`revocations[]`; bad entries were
+    /// refused when the config was compiled).
+    pub fn set_revocations(&self, list: &[config::Revocation]) {
+        let parsed = list
+            .iter()
+            .filter_map(|r| Some((r.identity.parse().ok()?, SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(r.issued_before))))
+            .collect();
+        self.revoked.set(parsed);
     }
 
     /// The sidecar's SPIFFE ID, once known.
@@ -214,7 +241,7 @@ impl MeshIdentity {
     /// Credentials from PEM, checked: the leaf must be this sidecar's ID and chain to the root
     /// it comes with.
     pub fn build(&self, chain_pem: &str, key_pem: &str, roots_pem: &str) -> Result<Loaded, String> {
-        let creds = Credentials::from_pem(chain_pem, key_pem, roots_pem).map_err(|e| format!("identity: {e}"))?;
+        let creds = Credentials::from_pem(chain_pem, key_pem, roots_pem).map_err(|e| format!("identity: {e}"))?.with_revocations(self.revoked.clone());
         let id = creds.id().ok_or("identity: the certificate has no SPIFFE ID (URI SAN spiffe://TRUST_DOMAIN/ns/NS/sa/NAME or /service/NAME)")?;
         if let Some(want) = &self.id
             && want != &id

@@ -81,6 +81,9 @@ impl Proxy {
         }
         telemetry.track(Arc::downgrade(&(tls.clone() as Arc<dyn crate::series::Live>)));
         let snap = Snapshot::compile(cfg.clone(), None, workers, &telemetry, &tls)?;
+        if let Some(m) = &tls.mesh {
+            m.set_revocations(&cfg.revocations);
+        }
         telemetry.configure(&cfg.telemetry)?;
 
         // Bind everything up front so a busy port is an error now, not a log line later.

@@ -246,6 +246,7 @@ impl Snapshot {
             .and_then(|i| i.spiffe_id.parse::<crate::identity::SpiffeId>().ok())
             .and_then(|id| id.namespace().map(String::from));
         let authz = crate::authz::Authz::compile(&cfg, own_namespace.as_deref())?;
+        crate::mtls::check_revocations(&cfg)?;
 
         Ok(Snapshot {
             authz,

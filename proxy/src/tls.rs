@@ -28,6 +28,39 @@ pub struct Credentials {
     chain: Vec<CertificateDer<'static>>,
     key: Arc<PrivateKeyDer<'static>>,
     roots: Arc<RootCertStore>,
+    revoked: Revoked,
+}
+
+/// Revoked identities: a peer certificate for one of them that became valid before its time is
+/// refused, by both the client and the server side. Shared and swapped whole (the control
+/// plane pushes the list), so configurations made earlier see every change.
+#[derive(Clone, Debug, Default)]
+pub struct Revoked(Arc<arc_swap::ArcSwap<Vec<(SpiffeId, SystemTime)>>>);
+
+impl Revoked {
+    pub fn set(&self, list: Vec<(SpiffeId, SystemTime)>) {
+        self.0.store(Arc::new(list));
+    }
+
+    /// Whether a certificate for `id` that became valid at `from` is revoked.
+    fn check(&self, id: &SpiffeId, from: SystemTime) -> Result<(), String> {
+        match self.0.load().iter().find(|(r, before)| r == id && from < *before) {
+            Some((_, before)) => {
+                let secs = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                Err(format!("the certificate of {id} (valid from {}) is revoked: issued before {}", secs(from), secs(*before)))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The peer's leaf checked against the list.
+    fn check_leaf(&self, leaf: &CertificateDer<'_>, id: &SpiffeId) -> Result<(), rustls::Error> {
+        if self.0.load().is_empty() {
+            return Ok(());
+        }
+        let (from, _) = validity(leaf).map_err(rustls::Error::General)?;
+        self.check(id, from).map_err(rustls::Error::General)
+    }
 }
 
 impl Credentials {
@@ -42,7 +75,13 @@ impl Credentials {
         if roots.is_empty() {
             return Err("roots: no CERTIFICATE block".into());
         }
-        Ok(Credentials { chain, key: Arc::new(key), roots: Arc::new(roots) })
+        Ok(Credentials { chain, key: Arc::new(key), roots: Arc::new(roots), revoked: Revoked::default() })
+    }
+
+    /// Refuse peers on `revoked` (its later changes included).
+    pub fn with_revocations(mut self, revoked: Revoked) -> Credentials {
+        self.revoked = revoked;
+        self
     }
 
     /// The leaf, DER.
@@ -122,7 +161,7 @@ pub fn server_config(c: &Credentials, trust_domain: &str) -> Result<Arc<rustls::
     let inner = rustls::server::WebPkiClientVerifier::builder_with_provider(c.roots.clone(), provider.clone())
         .build()
         .map_err(|e| format!("client verifier: {e}"))?;
-    let verifier = Arc::new(SpiffeClientVerifier { inner, trust_domain: trust_domain.to_string() });
+    let verifier = Arc::new(SpiffeClientVerifier { inner, trust_domain: trust_domain.to_string(), revoked: c.revoked.clone() });
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
@@ -187,7 +226,7 @@ pub fn simple_client_config(roots_pem: Option<&str>, alpn: &[u8]) -> Result<Arc<
 /// leads to the mesh root and whose ID is one `expect` allows; ALPN `alpn`.
 pub fn client_config(c: &Credentials, expect: Expect, alpn: &[u8]) -> Result<Arc<rustls::ClientConfig>, String> {
     let provider = crypto_provider();
-    let verifier = Arc::new(SpiffeVerifier { roots: c.roots.clone(), provider: provider.clone(), expect });
+    let verifier = Arc::new(SpiffeVerifier { roots: c.roots.clone(), provider: provider.clone(), expect, revoked: c.revoked.clone() });
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
@@ -216,6 +255,7 @@ struct SpiffeVerifier {
     roots: Arc<RootCertStore>,
     provider: Arc<CryptoProvider>,
     expect: Expect,
+    revoked: Revoked,
 }
 
 impl ServerCertVerifier for SpiffeVerifier {
@@ -230,7 +270,11 @@ impl ServerCertVerifier for SpiffeVerifier {
         let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
         let algs = self.provider.signature_verification_algorithms.all;
         rustls::client::verify_server_cert_signed_by_trust_anchor(&cert, &self.roots, intermediates, now, algs)?;
-        self.expect.check(peer_id(std::slice::from_ref(end_entity))).map_err(rustls::Error::General)?;
+        let id = peer_id(std::slice::from_ref(end_entity));
+        self.expect.check(id.clone()).map_err(rustls::Error::General)?;
+        if let Some(id) = &id {
+            self.revoked.check_leaf(end_entity, id)?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 
@@ -253,6 +297,7 @@ impl ServerCertVerifier for SpiffeVerifier {
 struct SpiffeClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
     trust_domain: String,
+    revoked: Revoked,
 }
 
 impl ClientCertVerifier for SpiffeClientVerifier {
@@ -263,7 +308,10 @@ impl ClientCertVerifier for SpiffeClientVerifier {
     fn verify_client_cert(&self, end_entity: &CertificateDer<'_>, intermediates: &[CertificateDer<'_>], now: UnixTime) -> Result<ClientCertVerified, rustls::Error> {
         let ok = self.inner.verify_client_cert(end_entity, intermediates, now)?;
         match peer_id(std::slice::from_ref(end_entity)) {
-            Some(id) if id.trust_domain() == self.trust_domain => Ok(ok),
+            Some(id) if id.trust_domain() == self.trust_domain => {
+                self.revoked.check_leaf(end_entity, &id)?;
+                Ok(ok)
+            }
             Some(id) => Err(rustls::Error::General(format!("client identity {id} is not of trust domain {:?}", self.trust_domain))),
             None => Err(rustls::Error::General("client certificate has no SPIFFE ID (URI SAN)".into())),
         }
@@ -294,6 +342,7 @@ pub fn failure_reason(e: &rustls::Error) -> &'static str {
         E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => "wrong_name",
         E::InvalidCertificate(_) => "bad_certificate",
         E::NoCertificatesPresented => "no_client_certificate",
+        E::General(m) if m.contains("is revoked") => "revoked",
         E::General(m) if m.contains("no SPIFFE ID") => "no_spiffe_id",
         E::General(m) if m.contains("trust domain") => "wrong_trust_domain",
         E::General(m) if m.contains("is not the expected") => "wrong_identity",

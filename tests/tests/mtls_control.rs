@@ -6,7 +6,8 @@
 //! without losing one; with the control plane down, traffic goes on until the leaf expires,
 //! the expiry is visible, and issuance resumes when it returns; an authorization policy
 //! applied through the API admits one caller's identity and refuses another's (403), and
-//! `weftctl proxy-status` shows each sidecar's certificate expiry.
+//! `weftctl proxy-status` shows each sidecar's certificate expiry; a revoked identity is
+//! refused in the handshake and its token revoked.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -274,4 +275,35 @@ async fn an_authorization_policy_admits_one_identity_and_refuses_another() {
     let log = std::fs::read_to_string(side.join("in-access.log")).unwrap();
     let denied: Vec<Value> = log.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|l| l["authz"] == "deny").collect();
     assert!(denied.iter().any(|l| l["peer_identity"] == BATCH && l["tls"] == "mtls"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_identity_is_refused_in_the_handshake_and_gets_no_new_certificate() {
+    const BATCH: &str = "spiffe://mesh.local/ns/batch/sa/job";
+    let m = mesh("1h").await;
+    let side = m.dir.path().join("side");
+    let batch = outbound_sidecar("batch-1", &m.node, &side, &token(&m.node, BATCH, &side, "batch"), &side.join("batch-id"));
+    let c = client();
+    wait_for("the batch sidecar is served", Duration::from_secs(30), || async {
+        (body_if_ok(&c, batch.listen, "model-fresh", "/").await == "model-a").then_some(())
+    })
+    .await;
+    let out: Value = serde_json::from_str(&weftctl(&m.node, &["identity", "revoke", "--identity", "ns/batch/sa/job", "-o", "json"])).unwrap();
+    assert_eq!((out["identity"].as_str(), out["tokens_revoked"].as_array().map(Vec::len)), (Some(BATCH), Some(1)), "{out}");
+    // New connections from the revoked identity are refused by the inbound sidecar (in TLS 1.3
+    // the client has sent its request by then: it sees the connection close, a 502).
+    wait_for("the revoked caller is refused", Duration::from_secs(20), || async {
+        get(&c, batch.listen, "model-fresh", "/", &[]).await.0.is_server_error().then_some(())
+    })
+    .await;
+    let hits = m.up.hits();
+    for _ in 0..5 {
+        assert!(get(&c, batch.listen, "model-fresh", "/", &[]).await.0.is_server_error());
+    }
+    assert_eq!(m.up.hits(), hits, "nothing of the revoked caller reaches the model server");
+    assert_eq!(get(&c, m.outbound.listen, "model-fresh", "/", &[]).await.0, StatusCode::OK, "other identities are served");
+    let text = metrics(m.inbound.admin).await;
+    assert!(metric_sum(&text, "weft_tls_handshakes_total", &[("side", "server"), ("result", "revoked")]) >= 1.0, "{text}");
+    let tokens: Value = serde_json::from_str(&weftctl(&m.node, &["identity", "token", "list", "-o", "json"])).unwrap();
+    assert!(tokens["items"].as_array().unwrap().iter().all(|t| t["identity"] != BATCH), "its token is gone: {tokens}");
 }

@@ -40,6 +40,7 @@ resource! {
     Listener => typeurl::LISTENER, |r| &r.name;
     Service => typeurl::SERVICE, |r| &r.name;
     AuthorizationPolicy => typeurl::AUTHORIZATION_POLICY, |r| &r.name;
+    Revocation => typeurl::REVOCATION, |r| &r.name;
     Experiment => typeurl::EXPERIMENT, |r| &r.name;
     Cluster => typeurl::CLUSTER, |r| &r.name;
     Endpoints => typeurl::ENDPOINTS, |r| &r.cluster_name;
@@ -105,7 +106,8 @@ mod tests {
         assert_url::<v1::ScalingDecision>();
         assert_url::<v1::Placement>();
         assert_url::<v1::AuthorizationPolicy>();
-        assert_eq!(typeurl::ALL.len(), 9);
+        assert_url::<v1::Revocation>();
+        assert_eq!(typeurl::ALL.len(), 10);
     }
 
     #[test]

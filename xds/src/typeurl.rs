@@ -25,6 +25,8 @@ type_urls! {
     SERVICE => "Service",
     /// `weft.v1.AuthorizationPolicy`.
     AUTHORIZATION_POLICY => "AuthorizationPolicy",
+    /// `weft.v1.Revocation`.
+    REVOCATION => "Revocation",
     /// `weft.v1.Listener`.
     LISTENER => "Listener",
     /// `weft.v1.ShardMap` (reserved for the scheduler).

@@ -23,7 +23,7 @@ fn responses(schema: Value) -> Value {
 
 pub async fn document() -> Json<Value> {
     let kind = json!({"name": "kind", "in": "path", "required": true,
-        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints", "nodes", "placements", "autoscalers", "scalingdecisions", "rollouts", "rolloutstates", "trainingjobs", "shardmaps", "checkpoints", "authorizationpolicies"]}});
+        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints", "nodes", "placements", "autoscalers", "scalingdecisions", "rollouts", "rolloutstates", "trainingjobs", "shardmaps", "checkpoints", "authorizationpolicies", "revocations"]}});
     let name = json!({"name": "name", "in": "path", "required": true,
         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,253}$"}});
     let consistency = json!({"name": "consistency", "in": "query", "required": false,

@@ -27,6 +27,7 @@ fn carried_in(kind: Kind) -> &'static [&'static str] {
         Kind::Experiments => &[typeurl::EXPERIMENT, typeurl::envoy::ROUTE_CONFIGURATION],
         Kind::Services => &[typeurl::SERVICE, typeurl::envoy::ROUTE_CONFIGURATION],
         Kind::AuthorizationPolicies => &[typeurl::AUTHORIZATION_POLICY],
+        Kind::Revocations => &[typeurl::REVOCATION],
         _ => &[],
     }
 }

@@ -176,6 +176,13 @@ pub enum IdentityCommand {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Revoke an identity now: its join tokens are revoked (no new certificate) and every
+    /// sidecar refuses its certificates issued so far (a `revocations` resource).
+    Revoke {
+        /// `ns/NAMESPACE/sa/ACCOUNT`, `service/NAME`, or a whole spiffe:// ID.
+        #[arg(long)]
+        identity: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -575,6 +582,26 @@ pub async fn run(args: Args) -> Result<(), CliError> {
             show(format, &body, |b| b["cert_pem"].as_str().unwrap_or_default().to_string());
             Ok(())
         }
+        Command::Identity { command: IdentityCommand::Revoke { identity } } => {
+            let ca = call(&mut c, Method::GET, "/v1/identity/ca", None).await?;
+            let td = ca["trust_domain"].as_str().unwrap_or_default().to_string();
+            let id = if identity.starts_with("spiffe://") { identity.clone() } else { format!("spiffe://{td}/{}", identity.trim_start_matches('/')) };
+            let tokens = call(&mut c, Method::GET, "/v1/identity/tokens", None).await?;
+            let mut revoked = Vec::new();
+            for t in tokens["items"].as_array().into_iter().flatten().filter(|t| t["identity"] == id.as_str()) {
+                let tid = output::cell(&t["id"]);
+                call(&mut c, Method::DELETE, &format!("/v1/identity/tokens/{tid}"), None).await?;
+                revoked.push(tid);
+            }
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            let name: String = id.trim_start_matches("spiffe://").chars().map(|ch| if ch.is_ascii_alphanumeric() || ch == '-' || ch == '_' || ch == '.' { ch } else { '-' }).collect();
+            let body = call(&mut c, Method::PUT, &format!("/v1/revocations/{name}"), Some(&json!({"identity": id, "issued_before": now}))).await?;
+            let out = json!({"identity": id, "revocation": name, "issued_before": now, "tokens_revoked": revoked, "revision": body["revision"]});
+            show(format, &out, |_| {
+                format!("{id}: certificates issued before {now} are refused by every sidecar (revocations/{name}); {} join token(s) revoked\n", revoked.len())
+            });
+            Ok(())
+        }
         Command::Identity { command: IdentityCommand::Token { command } } => {
             match command {
                 TokenCommand::Create { identity, ttl, description } => {
@@ -672,7 +699,7 @@ mod tests {
         let e = parse_kind("pods").unwrap_err();
         assert_eq!(
             e,
-            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements, autoscalers, scalingdecisions, rollouts, rolloutstates, trainingjobs, shardmaps, checkpoints, authorizationpolicies".into())
+            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements, autoscalers, scalingdecisions, rollouts, rolloutstates, trainingjobs, shardmaps, checkpoints, authorizationpolicies, revocations".into())
         );
         assert_eq!(e.exit_code(), 2);
     }

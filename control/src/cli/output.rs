@@ -142,6 +142,7 @@ pub fn summary(kind: Kind, spec: &Value) -> String {
                 .unwrap_or_default();
             format!("hosts={} routes={}", strings(&spec["hosts"]).join(","), routes.join(","))
         }
+        Kind::Revocations => format!("{} issued before {}", cell(&spec["identity"]), cell(&spec["issued_before"])),
         Kind::AuthorizationPolicies => format!(
             "{} services={} namespace={} rules={}",
             spec["action"].as_str().unwrap_or("allow"),
@@ -356,7 +357,8 @@ pub fn proxies_table(view: &Value) -> String {
                 let v = acked.iter().find(|(url, _)| is_config(url) && short_type(url) == t).map(|(_, v)| cell(v));
                 row.push(v.unwrap_or_else(|| "-".into()));
             }
-            let other = acked.keys().filter(|url| !is_config(url)).count();
+            // Revocations are config too, without a column of their own.
+            let other = acked.keys().filter(|url| !is_config(url) && !url.ends_with("weft.v1.Revocation")).count();
             row.push(if other == 0 { "-".into() } else { other.to_string() });
             row.push(cert_expiry(&it["identity"], now));
             row.push(match &it["nack"] {

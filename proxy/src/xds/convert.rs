@@ -19,7 +19,7 @@ use crate::duration::Dur;
 /// The weft types a sidecar subscribes to. Listeners are deliberately absent: they come from
 /// the bootstrap file, because a listener change needs new sockets (a restart).
 pub const SUBSCRIBED: &[&str] =
-    &[typeurl::CLUSTER, typeurl::ENDPOINTS, typeurl::EXPERIMENT, typeurl::SERVICE, typeurl::AUTHORIZATION_POLICY];
+    &[typeurl::CLUSTER, typeurl::ENDPOINTS, typeurl::EXPERIMENT, typeurl::SERVICE, typeurl::AUTHORIZATION_POLICY, typeurl::REVOCATION];
 
 /// Longest duration accepted, the same bound the YAML parser applies (10 years).
 const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 86400);
@@ -36,6 +36,7 @@ pub struct Dynamic {
     pub experiments: Vec<config::Experiment>,
     pub services: Vec<config::Service>,
     pub authorization: Vec<config::AuthorizationPolicy>,
+    pub revocations: Vec<config::Revocation>,
 }
 
 impl Dynamic {
@@ -50,6 +51,11 @@ impl Dynamic {
             typeurl::EXPERIMENT => self.experiments = convert_all(resources, "experiments", experiment)?,
             typeurl::SERVICE => self.services = convert_all(resources, "services", service)?,
             typeurl::AUTHORIZATION_POLICY => self.authorization = convert_all(resources, "authorization", authorization_policy)?,
+            typeurl::REVOCATION => {
+                self.revocations = convert_all(resources, "revocations", |r: v1::Revocation| {
+                    Ok(config::Revocation { name: r.name, identity: r.identity, issued_before: r.issued_before })
+                })?
+            }
             other => return Err(format!("{other}: not a type this sidecar subscribes to")),
         }
         Ok(())
@@ -71,6 +77,7 @@ impl Dynamic {
             typeurl::EXPERIMENT => diff(&self.experiments, &other.experiments, |e| &e.name),
             typeurl::SERVICE => diff(&self.services, &other.services, |s| &s.name),
             typeurl::AUTHORIZATION_POLICY => diff(&self.authorization, &other.authorization, |p| &p.name),
+            typeurl::REVOCATION => diff(&self.revocations, &other.revocations, |r| &r.name),
             typeurl::ENDPOINTS => {
                 let (a, b) = (&self.endpoints, &other.endpoints);
                 let mut out: Vec<String> = b.iter().filter(|(n, e)| a.get(*n) != Some(*e)).map(|(n, _)| n.clone()).collect();
@@ -104,6 +111,7 @@ impl Dynamic {
             typeurl::EXPERIMENT => take(&mut self.experiments, &from.experiments, name, |e| &e.name),
             typeurl::SERVICE => take(&mut self.services, &from.services, name, |s| &s.name),
             typeurl::AUTHORIZATION_POLICY => take(&mut self.authorization, &from.authorization, name, |p| &p.name),
+            typeurl::REVOCATION => take(&mut self.revocations, &from.revocations, name, |r| &r.name),
             typeurl::ENDPOINTS => match from.endpoints.get(name) {
                 Some(e) => {
                     self.endpoints.insert(name.to_owned(), e.clone());
@@ -127,6 +135,7 @@ impl Dynamic {
         overlay(&mut cfg.clusters, &self.clusters, |c| &c.name);
         overlay(&mut cfg.experiments, &self.experiments, |e| &e.name);
         overlay(&mut cfg.authorization, &self.authorization, |p| &p.name);
+        overlay(&mut cfg.revocations, &self.revocations, |r| &r.name);
         // A pushed service names the listeners it is for; on a sidecar without any of them
         // (an inbound-only sidecar, say) it is not served, rather than being an error that
         // would make this sidecar NACK config meant for others.

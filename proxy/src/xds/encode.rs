@@ -85,6 +85,10 @@ pub fn authorization_policy(p: &config::AuthorizationPolicy) -> v1::Authorizatio
     }
 }
 
+pub fn revocation(r: &config::Revocation) -> v1::Revocation {
+    v1::Revocation { name: r.name.clone(), identity: r.identity.clone(), issued_before: r.issued_before }
+}
+
 pub fn experiment(e: &config::Experiment) -> v1::Experiment {
     v1::Experiment {
         name: e.name.clone(),
