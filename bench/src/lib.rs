@@ -1,7 +1,7 @@
 //! weft's benchmarks: shared pieces for driving real processes on loopback and measuring them.
 //!
 //! Each bench binary in `src/bin/` prints a table and writes JSON under `bench/results/`.
-//! `proxy-load` compares weft-proxy with Envoy, nginx and HAProxy; `xds-fanout` times a config
+//! `proxy-load` compares weft-proxy with Envoy, nginx and HAProxy (plaintext, and with mTLS); `xds-fanout` times a config
 //! change reaching thousands of sidecars (see `bench/README.md`).
 
 pub mod autoscale;
@@ -10,9 +10,11 @@ pub mod fsync_delay;
 pub mod guard;
 pub mod install;
 pub mod load;
+pub mod mtls;
 pub mod net;
 pub mod netns;
 pub mod peers;
+pub mod phase;
 pub mod procfs;
 pub mod raft_clusters;
 pub mod report;

@@ -22,20 +22,16 @@ pub struct ClosedLoop {
 }
 
 /// Runs `wrk` with one thread and `connections` connections for `duration` (whole seconds:
-/// wrk takes no finer unit) against `addr`.
-pub fn wrk(
-    core: usize,
-    addr: SocketAddr,
-    connections: u32,
-    duration: Duration,
-) -> Result<ClosedLoop> {
+/// wrk takes no finer unit) against `url` (`http://ADDR/`, or `https://ADDR/` for a TLS
+/// terminator: wrk does not check the server's certificate).
+pub fn wrk(core: usize, url: &str, connections: u32, duration: Duration) -> Result<ClosedLoop> {
     let seconds = duration.as_secs().max(1);
     let mut cmd = pinned(core, "wrk");
     cmd.args([
         "-t1",
         &format!("-c{connections}"),
         &format!("-d{seconds}s"),
-        &format!("http://{addr}/"),
+        url,
     ]);
     let text = Spawned::run_to_end("wrk", &mut cmd, time_limit(duration))?;
     parse_wrk(&text).with_context(|| format!("unexpected wrk output:\n{text}"))

@@ -63,21 +63,32 @@ pub fn wait_ok(
     process: &mut Spawned,
     within: Duration,
 ) -> Result<()> {
+    wait_for(process, within, || http_get(addr, path))
+        .with_context(|| format!("http://{addr}{path}"))
+}
+
+/// Polls `probe` (a request: its status and body) until it answers 200, failing early if
+/// `process` exits.
+pub fn wait_for(
+    process: &mut Spawned,
+    within: Duration,
+    mut probe: impl FnMut() -> Result<(u16, String)>,
+) -> Result<()> {
     let deadline = Instant::now() + within;
     let mut last = String::from("no answer");
     while Instant::now() < deadline {
         if let Some(status) = process.exited() {
             bail!("{} exited during start-up ({status})", process.name);
         }
-        match http_get(addr, path) {
+        match probe() {
             Ok((200, _)) => return Ok(()),
             Ok((code, body)) => last = format!("HTTP {code}: {}", body.trim()),
-            Err(e) => last = e.to_string(),
+            Err(e) => last = format!("{e:#}"),
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     bail!(
-        "{} not ready at http://{addr}{path} within {within:?} (last: {last})",
+        "{} not ready within {within:?} (last: {last})",
         process.name
     )
 }

@@ -12,7 +12,8 @@ use anyhow::{Context, Result, bail};
 
 use crate::guard::Spawned;
 use crate::install;
-use crate::net::{free_addrs, http_get, wait_ok};
+use crate::mtls::handshake::probe;
+use crate::net::{free_addrs, http_get, wait_for, wait_ok};
 use crate::upstream::Upstream;
 
 /// Something the load generator can be pointed at.
@@ -107,20 +108,48 @@ impl Target {
     }
 
     /// Starts the target on `core` in front of `upstream` and waits until it proxies a request.
+    ///
+    /// With `mtls` (the mTLS scenario; needs the certificates of `mtls::pki::generate` in
+    /// `tmp`), weft and Envoy start as a pair of sidecars on `core`: B (inbound, requiring
+    /// mutual TLS) in front of `upstream`, then A (outbound, plaintext listener) originating
+    /// mTLS to B; both are measured. nginx and HAProxy start as one process terminating TLS in
+    /// front of `upstream`. Ready when B (or the terminator) answers the handshake generator's
+    /// exchange and a request through the whole path answers 200.
     pub fn start(
         self,
+        mtls: bool,
         bin: Option<&Path>,
         upstream: &Upstream,
         core: usize,
         tmp: &Path,
     ) -> Result<Running> {
         let Some(bin) = bin else {
+            if mtls {
+                bail!("{} has no mTLS scenario", self.name());
+            }
             return Ok(Running::direct(self, upstream));
         };
-        // A port probed free can still be taken before the peer binds it: try fresh ports.
+        let site = Site {
+            bin,
+            upstream,
+            core,
+            tmp,
+        };
+        self.on_free_ports(|| {
+            if mtls {
+                self.start_mtls_once(&site)
+            } else {
+                self.start_once(&site)
+            }
+        })
+    }
+
+    /// Runs `start`, again with fresh ports (at most three times) when a port probed free was
+    /// taken before the peer bound it.
+    fn on_free_ports(self, mut start: impl FnMut() -> Result<Running>) -> Result<Running> {
         let mut attempt = 1;
         loop {
-            match self.start_once(bin, upstream, core, tmp) {
+            match start() {
                 Err(e)
                     if attempt < 3
                         && format!("{e:#}")
@@ -138,13 +167,13 @@ impl Target {
         }
     }
 
-    fn start_once(
-        self,
-        bin: &Path,
-        upstream: &Upstream,
-        core: usize,
-        tmp: &Path,
-    ) -> Result<Running> {
+    fn start_once(self, site: &Site) -> Result<Running> {
+        let Site {
+            bin,
+            upstream,
+            core,
+            tmp,
+        } = *site;
         let [listen, admin] = free_addrs(2)?[..] else {
             unreachable!("two ports asked")
         };
@@ -154,48 +183,146 @@ impl Target {
             a: upstream.addrs[0],
             b: upstream.addrs[1],
         };
-        let (file, template) = self.template();
+        let mut proxy = self.launch(bin, core, tmp, self.name(), self.template(), &ports)?;
+        proxy.ready(|p| wait_ok(listen, "/", p, READY_WITHIN))?;
+        Ok(Running {
+            target: self,
+            listen,
+            scheme: "http",
+            admin: Some(admin),
+            measured_pids: vec![proxy.process.pid()],
+            tls_server: None,
+            processes: vec![proxy.process],
+        })
+    }
+
+    fn start_mtls_once(self, site: &Site) -> Result<Running> {
+        let Site {
+            bin,
+            upstream,
+            core,
+            tmp,
+        } = *site;
+        let tls_ready = |addr| move |p: &mut Spawned| wait_for(p, READY_WITHIN, || probe(addr, tmp));
+        let [listen, admin, b_listen, b_admin] = free_addrs(4)?[..] else {
+            unreachable!("four ports asked")
+        };
+        let ports = |listen, admin, to| Ports {
+            listen,
+            admin,
+            a: to,
+            b: to,
+        };
+        let to_upstream = ports(b_listen, b_admin, upstream.addrs[0]);
+        let (roles, templates) = match self.mtls_templates()? {
+            MtlsTemplates::Terminator(template) => {
+                let role = format!("{}-tls", self.name());
+                let to_upstream = ports(listen, admin, upstream.addrs[0]);
+                let mut proxy = self.launch(bin, core, tmp, &role, template, &to_upstream)?;
+                proxy.ready(tls_ready(listen))?;
+                let pid = proxy.process.pid();
+                return Ok(Running {
+                    target: self,
+                    listen,
+                    scheme: "https",
+                    admin: None,
+                    measured_pids: vec![pid],
+                    tls_server: Some((listen, pid)),
+                    processes: vec![proxy.process],
+                });
+            }
+            MtlsTemplates::Pair { inbound, outbound } => (
+                [
+                    format!("{}-inbound", self.name()),
+                    format!("{}-outbound", self.name()),
+                ],
+                [inbound, outbound],
+            ),
+        };
+        let mut b = self.launch(bin, core, tmp, &roles[0], templates[0], &to_upstream)?;
+        b.ready(tls_ready(b_listen))?;
+        let to_b = ports(listen, admin, b_listen);
+        let mut a = self.launch(bin, core, tmp, &roles[1], templates[1], &to_b)?;
+        a.ready(|p| wait_ok(listen, "/", p, READY_WITHIN))?;
+        let (a_pid, b_pid) = (a.process.pid(), b.process.pid());
+        Ok(Running {
+            target: self,
+            listen,
+            scheme: "http",
+            admin: None,
+            measured_pids: vec![a_pid, b_pid],
+            tls_server: Some((b_listen, b_pid)),
+            processes: vec![a.process, b.process],
+        })
+    }
+
+    /// Writes `template` filled with `ports` and starts the peer pinned to `core`, logging to
+    /// `tmp/ROLE.log`; for weft and Envoy, waits until the admin endpoint says ready.
+    fn launch(
+        self,
+        bin: &Path,
+        core: usize,
+        tmp: &Path,
+        role: &str,
+        (file, template): (&str, &str),
+        ports: &Ports,
+    ) -> Result<Launched> {
         let config = tmp.join(file);
         std::fs::write(&config, ports.fill(template, tmp))?;
-
-        let log_path = tmp.join(format!("{}.log", self.name()));
-        let log = File::create(&log_path)?;
+        let log = tmp.join(format!("{role}.log"));
+        let out = File::create(&log)?;
         let mut cmd = Command::new("taskset");
         cmd.args(["-c", &core.to_string()])
             .arg(bin)
             .args(self.args(&config, tmp));
-        cmd.stdout(log.try_clone()?).stderr(log);
-        let mut process = Spawned::start(self.name(), &mut cmd)?;
-
-        let (ready_addr, ready_path) = match self {
-            Target::Weft | Target::WeftRelease | Target::Envoy => (ports.admin, "/ready"),
-            _ => (ports.listen, "/"),
+        cmd.stdout(out.try_clone()?).stderr(out);
+        let mut launched = Launched {
+            process: Spawned::start(role, &mut cmd)?,
+            log,
         };
-        let ready = wait_ok(
-            ready_addr,
-            ready_path,
-            &mut process,
-            Duration::from_secs(20),
-        )
-        .and_then(|()| wait_ok(ports.listen, "/", &mut process, Duration::from_secs(5)));
-        if let Err(e) = ready {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            bail!(
-                "{e}\n--- {} (last lines) ---\n{}",
-                log_path.display(),
-                last_lines(&log, 15)
-            );
+        if matches!(self, Target::Weft | Target::WeftRelease | Target::Envoy) {
+            let admin = ports.admin;
+            launched.ready(|p| wait_ok(admin, "/ready", p, READY_WITHIN))?;
         }
-        Ok(Running {
-            target: self,
-            listen: ports.listen,
-            admin: Some(ports.admin),
-            measured_pid: process.pid(),
-            process: Some(process),
+        Ok(launched)
+    }
+
+    /// The mTLS scenario's configuration templates (`bench/peers/mtls/`).
+    fn mtls_templates(self) -> Result<MtlsTemplates> {
+        Ok(match self {
+            Target::Direct => bail!("direct has no mTLS scenario"),
+            Target::Weft | Target::WeftRelease => MtlsTemplates::Pair {
+                inbound: (
+                    "mtls-weft-inbound.yaml",
+                    include_str!("../peers/mtls/weft-inbound.yaml"),
+                ),
+                outbound: (
+                    "mtls-weft-outbound.yaml",
+                    include_str!("../peers/mtls/weft-outbound.yaml"),
+                ),
+            },
+            Target::Envoy => MtlsTemplates::Pair {
+                inbound: (
+                    "mtls-envoy-inbound.yaml",
+                    include_str!("../peers/mtls/envoy-inbound.yaml"),
+                ),
+                outbound: (
+                    "mtls-envoy-outbound.yaml",
+                    include_str!("../peers/mtls/envoy-outbound.yaml"),
+                ),
+            },
+            Target::Nginx => MtlsTemplates::Terminator((
+                "mtls-nginx.conf",
+                include_str!("../peers/mtls/nginx-tls.conf"),
+            )),
+            Target::Haproxy => MtlsTemplates::Terminator((
+                "mtls-haproxy.cfg",
+                include_str!("../peers/mtls/haproxy-tls.cfg"),
+            )),
         })
     }
 
-    fn template(self) -> (&'static str, &'static str) {
+    fn template(self) -> Template {
         match self {
             Target::Direct => unreachable!("direct has no configuration"),
             Target::Weft | Target::WeftRelease => ("weft.yaml", include_str!("../peers/weft.yaml")),
@@ -237,6 +364,52 @@ impl Target {
     }
 }
 
+/// Where a target starts: its binary, the upstream it fronts, its core, the scratch directory.
+#[derive(Clone, Copy)]
+struct Site<'a> {
+    bin: &'a Path,
+    upstream: &'a Upstream,
+    core: usize,
+    tmp: &'a Path,
+}
+
+/// How long a started peer may take to become ready.
+const READY_WITHIN: Duration = Duration::from_secs(20);
+
+/// A configuration file's name and its template.
+type Template = (&'static str, &'static str);
+
+/// What a target runs in the mTLS scenario.
+enum MtlsTemplates {
+    /// Two sidecars with mutual TLS between them (weft, Envoy).
+    Pair {
+        inbound: Template,
+        outbound: Template,
+    },
+    /// One process terminating TLS from the load generator (nginx, HAProxy).
+    Terminator(Template),
+}
+
+/// One started peer process and its log.
+struct Launched {
+    process: Spawned,
+    log: PathBuf,
+}
+
+impl Launched {
+    /// Runs the readiness check `check`; its error carries the last lines of the peer's log.
+    fn ready(&mut self, check: impl FnOnce(&mut Spawned) -> Result<()>) -> Result<()> {
+        check(&mut self.process).map_err(|e| {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            anyhow::anyhow!(
+                "{e:#}\n--- {} (last lines) ---\n{}",
+                self.log.display(),
+                last_lines(&log, 15)
+            )
+        })
+    }
+}
+
 /// The addresses a configuration template refers to.
 struct Ports {
     listen: SocketAddr,
@@ -270,11 +443,17 @@ pub struct Running {
     pub target: Target,
     /// Where the load generator sends requests.
     pub listen: SocketAddr,
-    /// Admin endpoint (weft, Envoy).
+    /// `http`, or `https` for a TLS terminator of the mTLS scenario.
+    pub scheme: &'static str,
+    /// Admin endpoint (weft, Envoy; plaintext scenario).
     pub admin: Option<SocketAddr>,
-    /// The process whose CPU and memory are reported: the proxy, or the upstream for `direct`.
-    pub measured_pid: u32,
-    process: Option<Spawned>,
+    /// The processes whose CPU and memory are reported: the proxy (both sidecars of an mTLS
+    /// pair), or the upstream for `direct`.
+    pub measured_pids: Vec<u32>,
+    /// mTLS scenario: the TLS server (sidecar B, or the terminator) the handshake generator
+    /// connects to, and its process.
+    pub tls_server: Option<(SocketAddr, u32)>,
+    processes: Vec<Spawned>,
 }
 
 impl Running {
@@ -282,18 +461,27 @@ impl Running {
         Running {
             target,
             listen: upstream.addrs[0],
+            scheme: "http",
             admin: None,
-            measured_pid: upstream.process.pid(),
-            process: None,
+            measured_pids: vec![upstream.process.pid()],
+            tls_server: None,
+            processes: Vec::new(),
         }
     }
 
-    /// `Err` if the proxy died (e.g. during the load).
+    /// The URL the load generator requests.
+    pub fn url(&self) -> String {
+        format!("{}://{}/", self.scheme, self.listen)
+    }
+
+    /// `Err` if a proxy process died (e.g. during the load).
     pub fn check_alive(&mut self) -> Result<()> {
-        match self.process.as_mut().and_then(Spawned::exited) {
-            Some(status) => bail!("{} exited during the load ({status})", self.target.name()),
-            None => Ok(()),
+        for p in &mut self.processes {
+            if let Some(status) = p.exited() {
+                bail!("{} exited during the load ({status})", p.name);
+            }
         }
+        Ok(())
     }
 
     /// Share of requests routed to variant `a`, from the proxy's own per-variant metrics:
@@ -366,19 +554,53 @@ mod tests {
         assert_eq!(out, "127.0.0.1:1 2 127.0.0.1:3 4 /t/x");
     }
 
-    #[test]
-    fn every_template_is_fully_filled() {
+    /// Every address the same.
+    fn any_ports() -> Ports {
         let addr = SocketAddr::from(([127, 0, 0, 1], 9));
-        let ports = Ports {
+        Ports {
             listen: addr,
             admin: addr,
             a: addr,
             b: addr,
-        };
+        }
+    }
+
+    #[test]
+    fn every_template_is_fully_filled() {
+        let ports = any_ports();
         for t in &Target::ALL[1..] {
             let out = ports.fill(t.template().1, Path::new("/t"));
             assert!(!out.contains("{{"), "{}: unfilled placeholder", t.name());
         }
+    }
+
+    /// The mTLS templates are filled too, and name only certificate files the bench writes.
+    #[test]
+    fn every_mtls_template_is_filled_and_names_the_bench_certificates() {
+        let ports = any_ports();
+        for t in &Target::ALL[1..] {
+            let templates = match t.mtls_templates().unwrap() {
+                MtlsTemplates::Pair { inbound, outbound } => vec![inbound, outbound],
+                MtlsTemplates::Terminator(one) => vec![one],
+            };
+            for (file, template) in templates {
+                let out = ports.fill(template, Path::new("/t"));
+                assert!(!out.contains("{{"), "{file}: unfilled placeholder");
+                let named = out.split("/t/").skip(1).filter_map(|rest| {
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '-' || *c == '.')
+                        .collect();
+                    name.ends_with(".pem").then_some(name)
+                });
+                let named: Vec<String> = named.collect();
+                assert!(!named.is_empty(), "{file}: no certificate");
+                for pem in named {
+                    assert!(crate::mtls::pki::FILES.contains(&pem.as_str()), "{file}: {pem}");
+                }
+            }
+        }
+        assert!(Target::Direct.mtls_templates().is_err());
     }
 
     #[test]

@@ -6,15 +6,54 @@ use serde_json::{Map, Value, json};
 use crate::peers::Target;
 use crate::stats::Spread;
 
-/// One target measured in one repeat.
+/// What both scenarios measure alike for one target in one repeat: the closed loop (wrk), the
+/// CPU the target spent in it, its memory, and the noise meanwhile.
+#[derive(Clone, Debug)]
+pub struct Closed {
+    /// Requests per second, completed requests, failed requests.
+    pub rps: f64,
+    pub requests: u64,
+    pub closed_loop_errors: u64,
+    /// CPU of the measured process trees during the closed loop, per completed request.
+    pub cpu_us_per_req: f64,
+    /// That CPU time over the wall time: ≈1.0 when the target's core was the bottleneck.
+    pub cpu_busy: f64,
+    /// CPU (in cores) taken meanwhile by anything outside the bench: other work on a shared
+    /// machine, interrupts, steal (a noise indicator; the larger of the phases).
+    pub foreign_cpu: Option<f64>,
+    /// The upstream's CPU per request in the same window (the same for every target ideally).
+    pub upstream_cpu_us_per_req: f64,
+    pub rss_idle_mib: f64,
+    pub rss_peak_mib: f64,
+}
+
+impl Closed {
+    /// A sample's JSON object: these fields and those of `extra` (an object).
+    pub fn json_with(&self, extra: Value) -> Value {
+        let mut v = json!({
+            "rps": round(self.rps, 1),
+            "requests": self.requests,
+            "closed_loop_errors": self.closed_loop_errors,
+            "cpu_us_per_req": round(self.cpu_us_per_req, 2),
+            "cpu_busy": round(self.cpu_busy, 3),
+            "foreign_cpu": self.foreign_cpu.map(|v| round(v, 3)),
+            "upstream_cpu_us_per_req": round(self.upstream_cpu_us_per_req, 2),
+            "rss_idle_mib": round(self.rss_idle_mib, 2),
+            "rss_peak_mib": round(self.rss_peak_mib, 2),
+        });
+        if let (Value::Object(mine), Value::Object(extra)) = (&mut v, extra) {
+            mine.extend(extra);
+        }
+        v
+    }
+}
+
+/// One target measured in one repeat of the plaintext scenario.
 #[derive(Clone, Debug)]
 pub struct Sample {
     pub target: Target,
     pub repeat: usize,
-    /// Closed loop (wrk): requests per second, completed requests, failed requests.
-    pub rps: f64,
-    pub requests: u64,
-    pub closed_loop_errors: u64,
+    pub closed: Closed,
     /// Open loop (h2load): achieved rate, latency percentiles, failed requests.
     pub open_loop_rps: f64,
     pub p50_ms: f64,
@@ -23,31 +62,32 @@ pub struct Sample {
     /// Latency over `direct` in the same repeat; filled by [`fill_added_latency`].
     pub p50_added_ms: Option<f64>,
     pub p99_added_ms: Option<f64>,
-    /// CPU of the measured process tree during the closed loop, per completed request.
-    pub cpu_us_per_req: f64,
-    /// That CPU time over the wall time: ≈1.0 when the target's core was the bottleneck.
-    pub cpu_busy: f64,
-    /// CPU (in cores) taken meanwhile by anything outside the bench: other work on a shared
-    /// machine, interrupts, steal (a noise indicator; the larger of the two phases).
-    pub foreign_cpu: Option<f64>,
-    /// The upstream's CPU per request in the same window (the same for every target ideally).
-    pub upstream_cpu_us_per_req: f64,
-    pub rss_idle_mib: f64,
-    pub rss_peak_mib: f64,
     /// Share of requests the proxy routed to variant `a` (weft and Envoy), from its metrics.
     pub variant_a_share: Option<f64>,
 }
 
-/// A reported quantity: JSON key, table header, how to read it from a sample, decimals.
-struct Metric {
-    key: &'static str,
-    header: &'static str,
-    get: fn(&Sample) -> Option<f64>,
-    decimals: usize,
+/// A reported quantity of a sample type `S`: JSON key, table header, how to read it from a
+/// sample, decimals.
+pub struct Metric<S> {
+    pub key: &'static str,
+    pub header: &'static str,
+    pub get: fn(&S) -> Option<f64>,
+    pub decimals: usize,
 }
 
-const METRICS: &[Metric] = &[
-    metric("rps", "req/s (wrk)", |s| Some(s.rps), 0),
+/// A sample of one target in one repeat, whatever the scenario measured.
+pub trait Measured {
+    fn target(&self) -> Target;
+}
+
+impl Measured for Sample {
+    fn target(&self) -> Target {
+        self.target
+    }
+}
+
+const METRICS: &[Metric<Sample>] = &[
+    metric("rps", "req/s (wrk)", |s| Some(s.closed.rps), 0),
     metric("p50_ms", "p50 ms", |s| Some(s.p50_ms), 3),
     metric("p99_ms", "p99 ms", |s| Some(s.p99_ms), 3),
     metric("p50_added_ms", "+p50 ms", |s| s.p50_added_ms, 3),
@@ -55,19 +95,19 @@ const METRICS: &[Metric] = &[
     metric(
         "cpu_us_per_req",
         "CPU µs/req",
-        |s| Some(s.cpu_us_per_req),
+        |s| Some(s.closed.cpu_us_per_req),
         1,
     ),
-    metric("rss_idle_mib", "idle MiB", |s| Some(s.rss_idle_mib), 1),
-    metric("rss_peak_mib", "peak MiB", |s| Some(s.rss_peak_mib), 1),
+    metric("rss_idle_mib", "idle MiB", |s| Some(s.closed.rss_idle_mib), 1),
+    metric("rss_peak_mib", "peak MiB", |s| Some(s.closed.rss_peak_mib), 1),
 ];
 
-const fn metric(
+pub const fn metric<S>(
     key: &'static str,
     header: &'static str,
-    get: fn(&Sample) -> Option<f64>,
+    get: fn(&S) -> Option<f64>,
     decimals: usize,
-) -> Metric {
+) -> Metric<S> {
     Metric {
         key,
         header,
@@ -92,37 +132,51 @@ pub fn fill_added_latency(samples: &mut [Sample]) {
 }
 
 /// Per target: each metric's spread over the repeats (`None` = target not measured).
-pub struct Summary(Vec<(Target, Vec<Option<Spread>>)>);
+pub struct Summary<S: 'static = Sample> {
+    metrics: &'static [Metric<S>],
+    rows: Vec<(Target, Vec<Option<Spread>>)>,
+}
 
-impl Summary {
+impl Summary<Sample> {
+    /// The plaintext scenario's summary: every target, [`METRICS`].
     pub fn new(samples: &[Sample]) -> Self {
-        let rows = Target::ALL.iter().map(|&t| {
-            let mine: Vec<&Sample> = samples.iter().filter(|s| s.target == t).collect();
+        Self::over(samples, METRICS, &Target::ALL)
+    }
+}
+
+impl<S: Measured> Summary<S> {
+    /// `metrics` of `samples`, one row per target of `targets` (in that order).
+    pub fn over(samples: &[S], metrics: &'static [Metric<S>], targets: &[Target]) -> Self {
+        let rows = targets.iter().map(|&t| {
+            let mine: Vec<&S> = samples.iter().filter(|s| s.target() == t).collect();
             (
                 t,
-                METRICS
+                metrics
                     .iter()
                     .map(|m| Spread::of(mine.iter().map(|s| (m.get)(s))))
                     .collect(),
             )
         });
-        Self(rows.collect())
+        Self {
+            metrics,
+            rows: rows.collect(),
+        }
     }
 
     /// Median of `key` for `target`.
     pub fn median(&self, target: Target, key: &str) -> Option<f64> {
-        let i = METRICS.iter().position(|m| m.key == key)?;
-        let (_, spreads) = self.0.iter().find(|(t, _)| *t == target)?;
+        let i = self.metrics.iter().position(|m| m.key == key)?;
+        let (_, spreads) = self.rows.iter().find(|(t, _)| *t == target)?;
         spreads[i].map(|s| s.median)
     }
 
     /// The `summary` object: medians under the metric keys, `[min, max]` under `range`.
     pub fn to_json(&self) -> Value {
         let mut out = Map::new();
-        for (target, spreads) in &self.0 {
+        for (target, spreads) in &self.rows {
             let mut row = Map::new();
             let mut range = Map::new();
-            for (m, s) in METRICS.iter().zip(spreads) {
+            for (m, s) in self.metrics.iter().zip(spreads) {
                 row.insert(
                     m.key.into(),
                     s.map_or(Value::Null, |s| round(s.median, m.decimals + 1)),
@@ -145,13 +199,13 @@ impl Summary {
     pub fn table(&self) -> String {
         let mut lines = vec![
             std::iter::once("target")
-                .chain(METRICS.iter().map(|m| m.header))
+                .chain(self.metrics.iter().map(|m| m.header))
                 .collect::<Vec<_>>()
                 .join(" | "),
         ];
-        lines.push(vec!["---"; METRICS.len() + 1].join("|"));
-        for (target, spreads) in &self.0 {
-            let cells = METRICS.iter().zip(spreads).map(|(m, s)| match s {
+        lines.push(vec!["---"; self.metrics.len() + 1].join("|"));
+        for (target, spreads) in &self.rows {
+            let cells = self.metrics.iter().zip(spreads).map(|(m, s)| match s {
                 None => "-".to_string(),
                 Some(s) if s.min == s.max => format!("{:.*}", m.decimals, s.median),
                 Some(s) => format!(
@@ -174,7 +228,9 @@ impl Summary {
 pub const CEILING: &str = "direct_rps_over_envoy_rps";
 
 /// A ratio of two medians, `(name, numerator target, denominator target, metric key)`.
-const RATIOS: &[(&str, Target, Target, &str)] = &[
+pub type Ratio = (&'static str, Target, Target, &'static str);
+
+const RATIOS: &[Ratio] = &[
     // The ceiling of every proxy-over-Envoy throughput ratio this rig can show: a proxy that
     // cost nothing would still leave the load core (load generator + upstream) to do the work
     // of `direct`, so no proxy can measure above direct's rps.
@@ -191,33 +247,9 @@ const RATIOS: &[(&str, Target, Target, &str)] = &[
         "rps",
     ),
     (
-        "weft_rps_over_nginx_rps",
-        Target::Weft,
-        Target::Nginx,
-        "rps",
-    ),
-    (
-        "weft_rps_over_haproxy_rps",
-        Target::Weft,
-        Target::Haproxy,
-        "rps",
-    ),
-    (
         "weft_cpu_over_envoy_cpu",
         Target::Weft,
         Target::Envoy,
-        "cpu_us_per_req",
-    ),
-    (
-        "weft_cpu_over_nginx_cpu",
-        Target::Weft,
-        Target::Nginx,
-        "cpu_us_per_req",
-    ),
-    (
-        "weft_cpu_over_haproxy_cpu",
-        Target::Weft,
-        Target::Haproxy,
         "cpu_us_per_req",
     ),
     // What the shipped (profile-guided) build gains over the plain release build, and where
@@ -248,15 +280,44 @@ const RATIOS: &[(&str, Target, Target, &str)] = &[
     ),
 ];
 
+/// weft against nginx and HAProxy, in both scenarios.
+pub const WEFT_OVER_NGINX_HAPROXY: &[Ratio] = &[
+    ("weft_rps_over_nginx_rps", Target::Weft, Target::Nginx, "rps"),
+    (
+        "weft_rps_over_haproxy_rps",
+        Target::Weft,
+        Target::Haproxy,
+        "rps",
+    ),
+    (
+        "weft_cpu_over_nginx_cpu",
+        Target::Weft,
+        Target::Nginx,
+        "cpu_us_per_req",
+    ),
+    (
+        "weft_cpu_over_haproxy_cpu",
+        Target::Weft,
+        Target::Haproxy,
+        "cpu_us_per_req",
+    ),
+];
+
+/// The plaintext scenario's ratios.
 pub fn ratios(summary: &Summary) -> Value {
-    let ratio = |&(name, num, den, key): &(&str, Target, Target, &str)| {
+    ratios_of(summary, &[RATIOS, WEFT_OVER_NGINX_HAPROXY])
+}
+
+/// Each ratio of `ratios` from `summary`'s medians (`null` where a side is missing).
+pub fn ratios_of<S: Measured>(summary: &Summary<S>, ratios: &[&[Ratio]]) -> Value {
+    let ratio = |&(name, num, den, key): &Ratio| {
         let v = summary
             .median(num, key)
             .zip(summary.median(den, key))
             .map(|(n, d)| round(n / d, 3));
         (name.to_string(), v.unwrap_or(Value::Null))
     };
-    Value::Object(RATIOS.iter().map(ratio).collect())
+    Value::Object(ratios.iter().copied().flatten().map(ratio).collect())
 }
 
 /// One target from the issue: `value` must be `>=` (or `<=`) `limit`.
@@ -348,29 +409,20 @@ pub fn checks_table(checks: &[Check]) -> String {
 
 /// One sample as a JSON object (the raw per-repeat numbers).
 pub fn sample_json(s: &Sample) -> Value {
-    json!({
+    s.closed.json_with(json!({
         "target": s.target.name(),
         "repeat": s.repeat,
-        "rps": round(s.rps, 1),
-        "requests": s.requests,
-        "closed_loop_errors": s.closed_loop_errors,
         "open_loop_achieved_rps": round(s.open_loop_rps, 1),
         "p50_ms": round(s.p50_ms, 4),
         "p99_ms": round(s.p99_ms, 4),
         "p50_added_ms": s.p50_added_ms.map(|v| round(v, 4)),
         "p99_added_ms": s.p99_added_ms.map(|v| round(v, 4)),
         "open_loop_errors": s.open_loop_errors,
-        "cpu_us_per_req": round(s.cpu_us_per_req, 2),
-        "cpu_busy": round(s.cpu_busy, 3),
-        "foreign_cpu": s.foreign_cpu.map(|v| round(v, 3)),
-        "upstream_cpu_us_per_req": round(s.upstream_cpu_us_per_req, 2),
-        "rss_idle_mib": round(s.rss_idle_mib, 2),
-        "rss_peak_mib": round(s.rss_peak_mib, 2),
         "variant_a_share": s.variant_a_share.map(|v| round(v, 3)),
-    })
+    }))
 }
 
-fn round(v: f64, decimals: usize) -> Value {
+pub fn round(v: f64, decimals: usize) -> Value {
     let f = 10f64.powi(decimals as i32);
     json!((v * f).round() / f)
 }
@@ -383,21 +435,23 @@ mod tests {
         Sample {
             target,
             repeat,
-            rps,
-            requests: 1,
-            closed_loop_errors: 0,
+            closed: Closed {
+                rps,
+                requests: 1,
+                closed_loop_errors: 0,
+                cpu_us_per_req: 30.0,
+                cpu_busy: 1.0,
+                foreign_cpu: None,
+                upstream_cpu_us_per_req: 10.0,
+                rss_idle_mib: 10.0,
+                rss_peak_mib: 12.0,
+            },
             open_loop_rps: 2000.0,
             p50_ms: p99_ms / 2.0,
             p99_ms,
             open_loop_errors: 0,
             p50_added_ms: None,
             p99_added_ms: None,
-            cpu_us_per_req: 30.0,
-            cpu_busy: 1.0,
-            foreign_cpu: None,
-            upstream_cpu_us_per_req: 10.0,
-            rss_idle_mib: 10.0,
-            rss_peak_mib: 12.0,
             variant_a_share: None,
         }
     }
