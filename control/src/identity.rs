@@ -88,9 +88,7 @@ pub fn sha256_hex(s: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, s.as_bytes()).as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unix(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
+use weft_proxy::tls::unix_secs as unix;
 
 /// The identity a token admits at `now`, or why it admits none. Pure.
 pub fn admit(record: Option<&TokenRecord>, token: &JoinToken, now: SystemTime) -> Result<SpiffeId, String> {

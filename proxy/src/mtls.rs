@@ -516,7 +516,7 @@ impl crate::series::Live for TlsContext {
             out.push(("weft_tls_credential_reloads_total", label_pairs(&[("result", result)]), *n as f64));
         }
         if let Some(cur) = self.mesh.as_ref().and_then(|m| m.current()) {
-            let secs = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs() as f64);
+            let secs = |t: SystemTime| tls::unix_secs(t) as f64;
             let l = label_pairs(&[("identity", &cur.id.to_string())]);
             out.push(("weft_tls_certificate_expiry_timestamp_seconds", l.clone(), secs(cur.not_after)));
             out.push(("weft_tls_certificate_issued_timestamp_seconds", l, secs(cur.not_before)));

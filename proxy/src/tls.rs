@@ -46,8 +46,7 @@ impl Revoked {
     fn check(&self, id: &SpiffeId, from: SystemTime) -> Result<(), String> {
         match self.0.load().iter().find(|(r, before)| r == id && from < *before) {
             Some((_, before)) => {
-                let secs = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-                Err(format!("the certificate of {id} (valid from {}) is revoked: issued before {}", secs(from), secs(*before)))
+                Err(format!("the certificate of {id} (valid from {}) is revoked: issued before {}", unix_secs(from), unix_secs(*before)))
             }
             None => Ok(()),
         }
@@ -115,6 +114,12 @@ fn chain_and_key(chain_pem: &str, key_pem: &str) -> Result<(Vec<CertificateDer<'
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| format!("private key: {e}"))?;
     Ok((chain, key))
+}
+
+/// Unix seconds of `t` (0 before the epoch): how certificate times travel in reports and
+/// metrics.
+pub fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// A certificate's validity period.

@@ -41,9 +41,7 @@ struct Create {
     description: String,
 }
 
-fn unix(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
+use weft_proxy::tls::unix_secs as unix;
 
 /// `POST /v1/identity/tokens`: `{"identity": "ns/NS/sa/NAME" | "service/NAME" | "spiffe://…",
 /// "ttl": "720h", "description": "…"}`.

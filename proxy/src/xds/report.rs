@@ -143,7 +143,7 @@ pub async fn run(
 /// The sidecar's identity and current certificate, for `weftctl proxy-status`.
 fn identity(sh: &Shared) -> Option<v1::IdentityReport> {
     let mesh = sh.tls.mesh.as_ref()?;
-    let secs = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let secs = |t| crate::tls::unix_secs(t) as i64;
     let cur = mesh.current();
     Some(v1::IdentityReport {
         spiffe_id: mesh.id().map(|i| i.to_string()).unwrap_or_default(),
