@@ -167,6 +167,39 @@ impl MeshCa {
         let leaf = csr.signed_by(&self.issuer).map_err(|e| CaError { field: "csr", message: format!("signing: {e}") })?;
         Ok(Leaf { cert_pem: pem_encode(identity::CERTIFICATE, leaf.der()), not_before, not_after })
     }
+
+    /// A control node's own serving certificate and a new key for it, for `names` (DNS names,
+    /// or IP addresses written as such), valid for `lifetime` from `now`. Server and client
+    /// auth both: a node presents it to its peers when they ask for a client certificate.
+    pub fn serving_cert(&self, names: &[String], now: SystemTime, lifetime: Duration) -> Result<ServingCert, CaError> {
+        if names.is_empty() {
+            return refuse("names", "a serving certificate needs at least one DNS name or IP address");
+        }
+        let key = KeyPair::generate().map_err(|e| CaError { field: "key", message: e.to_string() })?;
+        let mut p = CertificateParams::new(names.to_vec()).map_err(|e| CaError { field: "names", message: e.to_string() })?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, names[0].clone());
+        p.distinguished_name = dn;
+        p.is_ca = IsCa::NoCa;
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        p.use_authority_key_identifier_extension = true;
+        let (not_before, not_after) = (now - backdate(lifetime), now + lifetime);
+        p.not_before = offset(not_before);
+        p.not_after = offset(not_after);
+        p.serial_number = Some(SerialNumber::from(rand::random::<[u8; 16]>().to_vec()));
+        let cert = p.signed_by(&key, &self.issuer).map_err(|e| CaError { field: "names", message: format!("signing: {e}") })?;
+        Ok(ServingCert {
+            cert_pem: pem_encode(identity::CERTIFICATE, cert.der()),
+            key_pem: pem_encode(identity::PRIVATE_KEY, &key.serialize_der()),
+        })
+    }
+}
+
+/// A control node's serving certificate (PEM) and its key (PKCS#8 PEM).
+pub struct ServingCert {
+    pub cert_pem: String,
+    pub key_pem: String,
 }
 
 #[cfg(test)]

@@ -33,4 +33,5 @@ pub mod shards;
 pub mod spans;
 pub mod store;
 pub mod training;
+pub mod tls;
 pub mod transport;

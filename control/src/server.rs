@@ -58,6 +58,8 @@ pub struct Options {
     pub leaf_lifetime: Duration,
     /// The user's own CA (certificate, key: PEM files); `None` = the root a leader makes.
     pub ca_files: Option<(PathBuf, PathBuf)>,
+    /// TLS on the API/Raft and xDS ports (`--tls-*`); `None` = plaintext.
+    pub tls: Option<crate::tls::Settings>,
 }
 
 impl Options {
@@ -83,6 +85,7 @@ impl Options {
             trust_domain: DEFAULT_TRUST_DOMAIN.into(),
             leaf_lifetime: crate::ca::DEFAULT_LEAF_LIFETIME,
             ca_files: None,
+            tls: None,
         }
     }
 }
@@ -124,7 +127,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 fn strip_scheme(addr: &str) -> &str {
-    addr.trim_start_matches("http://").trim_end_matches('/')
+    addr.trim_start_matches("http://").trim_start_matches("https://").trim_end_matches('/')
 }
 
 /// Starts a node and returns once it serves (not necessarily once it has a leader).
@@ -153,7 +156,9 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         );
     }
     let config = raft_config(opts.snapshot_every, 1000).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let network = HttpNetwork::new(opts.tokens.admin_token());
+    let tls = opts.tls.as_ref().map(crate::tls::ControlTls::new).transpose().map_err(|e| anyhow::anyhow!("{e}"))?.map(Arc::new);
+    let dialer = tls.as_ref().map(|t| t.dialer.clone()).unwrap_or_default();
+    let network = HttpNetwork::new(opts.tokens.admin_token(), dialer.clone());
     let node = Arc::new(Node::start(opts.id, &store, config, network).await.map_err(|e| anyhow::anyhow!("{e}"))?);
     if opts.init && node.initialize(BTreeMap::from([(opts.id, me.clone())])).await.map_err(|e| anyhow::anyhow!("{e}"))? {
         tracing::info!(id = opts.id, "initialized a new cluster");
@@ -165,7 +170,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         None => crate::spans::Spans::off(),
     });
     cache.observe(spans.clone());
-    let peers = Arc::new(Peers::default());
+    let peers = Arc::new(Peers::new(dialer.clone()));
     let reports = Arc::new(Tracker::new(node.clone(), api_addr.to_string(), opts.tokens.admin_token(), peers.clone()));
     let ca_files = opts.ca_files.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
     let identity = Arc::new(crate::identity::Authority::new(node.clone(), &opts.trust_domain, opts.leaf_lifetime, ca_files)?);
@@ -186,6 +191,10 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = vec![
         tokio::spawn(reports.clone().run(stopped.clone())),
+        tokio::spawn(match tls.clone() {
+            Some(t) => futures_util::future::Either::Left(t.keep_fresh(stopped.clone())),
+            None => futures_util::future::Either::Right(std::future::ready(())),
+        }),
         tokio::spawn(crate::scaling::run(state.clone(), stopped.clone())),
         tokio::spawn(crate::rollouts::run(state.clone(), stopped.clone())),
         tokio::spawn(crate::training::run(state.clone(), stopped.clone())),
@@ -196,16 +205,26 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     ];
 
     let app = api::router(state.clone());
+    let (api_tls, xds_tls) = (tls.as_ref().map(|t| t.api.clone()), tls.as_ref().map(|t| t.xds.clone()));
     let mut s = stopped.clone();
     tasks.push(tokio::spawn(async move {
         let shutdown = async move {
             let _ = s.wait_for(|v| *v).await;
         };
-        // No Nagle delay on responses (Raft RPC answers are on this listener too).
-        let api_listener = axum::serve::ListenerExt::tap_io(api_listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        if let Err(e) = axum::serve(api_listener, app).with_graceful_shutdown(shutdown).await {
+        let served = match api_tls {
+            Some(cfg) => match crate::tls::listen::accept(api_listener, cfg, "api") {
+                Ok(l) => axum::serve(l, app).with_graceful_shutdown(shutdown).await,
+                Err(e) => Err(e),
+            },
+            None => {
+                // No Nagle delay on responses (Raft RPC answers are on this listener too).
+                let l = axum::serve::ListenerExt::tap_io(api_listener, |tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
+                axum::serve(l, app).with_graceful_shutdown(shutdown).await
+            }
+        };
+        if let Err(e) = served {
             tracing::error!(error = %e, "API server failed");
         }
     }));
@@ -229,7 +248,6 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         .map_err(|e| anyhow::anyhow!("gRPC reflection: {e}"))?;
     let mut s = stopped.clone();
     tasks.push(tokio::spawn(async move {
-        let incoming = tonic::transport::server::TcpIncoming::from(xds_listener).with_nodelay(Some(true));
         let shutdown = async move {
             let _ = s.wait_for(|v| *v).await;
             health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
@@ -241,9 +259,18 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
             .add_service(reflection)
             .add_service(ads)
             .add_service(report_service)
-            .add_service(identity_service)
-            .serve_with_incoming_shutdown(incoming, shutdown);
-        if let Err(e) = server.await {
+            .add_service(identity_service);
+        let served = match xds_tls {
+            Some(cfg) => match crate::tls::listen::accept(xds_listener, cfg, "xds") {
+                Ok(l) => server.serve_with_incoming_shutdown(l.into_incoming(), shutdown).await,
+                Err(e) => return tracing::error!(error = %e, "xDS server failed"),
+            },
+            None => {
+                let incoming = tonic::transport::server::TcpIncoming::from(xds_listener).with_nodelay(Some(true));
+                server.serve_with_incoming_shutdown(incoming, shutdown).await
+            }
+        };
+        if let Err(e) = served {
             tracing::error!(error = %e, "xDS server failed");
         }
     }));
@@ -258,7 +285,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     }));
 
     if let Some(join) = &opts.join {
-        join_cluster(&node, strip_scheme(join), opts.id, &me, opts.history_revisions, opts.tokens.admin_token()).await?;
+        join_cluster(&node, strip_scheme(join), opts.id, &me, opts.history_revisions, opts.tokens.admin_token(), dialer).await?;
     }
     tracing::info!(id = opts.id, api = %api_addr, xds = %xds_addr, "control node serving");
     Ok(Running { node, api_addr, xds_addr, stop, tasks })
@@ -266,13 +293,21 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
 
 /// Asks `via` to add this node as a voter; retried while the cluster elects a leader. A node
 /// that already is a member (a restart) skips this.
-async fn join_cluster(node: &Node, via: &str, id: NodeId, me: &Member, history_revisions: u64, token: Option<String>) -> anyhow::Result<()> {
+async fn join_cluster(
+    node: &Node,
+    via: &str,
+    id: NodeId,
+    me: &Member,
+    history_revisions: u64,
+    token: Option<String>,
+    dialer: crate::tls::dial::Dialer,
+) -> anyhow::Result<()> {
     if node.members().members.iter().any(|m| m.id == id) {
         return Ok(());
     }
     let mut body =
         serde_json::json!({ "id": id, "addr": me.addr, "xds_addr": me.xds_addr, "voter": true, "history_revisions": history_revisions });
-    let peers = Peers::default();
+    let peers = Peers::new(dialer);
     let mut req = http::Request::post("/v1/members").header(http::header::CONTENT_TYPE, "application/json");
     if let Some(t) = &token {
         req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));

@@ -47,12 +47,15 @@ pub const TARGET_HEADER: &str = "x-weft-raft-target";
 #[derive(Clone, Default)]
 pub struct HttpNetwork {
     token: Option<Arc<str>>,
+    dialer: crate::tls::dial::Dialer,
 }
 
 impl HttpNetwork {
-    pub fn new(token: Option<String>) -> Self {
+    /// `dialer` opens the connections (TLS when the cluster runs it).
+    pub fn new(token: Option<String>, dialer: crate::tls::dial::Dialer) -> Self {
         Self {
             token: token.map(Arc::from),
+            dialer,
         }
     }
 }
@@ -66,6 +69,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
             target,
             addr: node.addr.clone(),
             token: self.token.clone(),
+            dialer: self.dialer.clone(),
             conn: None,
             down: false,
         }
@@ -79,6 +83,7 @@ pub struct HttpPeer {
     target: NodeId,
     addr: String,
     token: Option<Arc<str>>,
+    dialer: crate::tls::dial::Dialer,
     conn: Option<SendRequest<Full<Bytes>>>,
     /// Whether the last call failed, so a peer going down or coming back is logged once
     /// (openraft's own replication errors, logged on every retry, are filtered by default).
@@ -97,10 +102,12 @@ impl HttpPeer {
         if self.conn.as_ref().is_some_and(|c| !c.is_closed()) {
             return Ok(self.conn.as_mut().expect("checked above"));
         }
-        let stream = tokio::net::TcpStream::connect(&self.addr)
-            .await
-            .map_err(CallError::Unreachable)?;
-        let _ = stream.set_nodelay(true);
+        let stream = self.dialer.connect(&self.addr).await.map_err(|e| match e {
+            crate::tls::dial::DialError::Connect(e) => CallError::Unreachable(e),
+            // The peer is there but one side refused the other: retried like a broken
+            // connection, and logged as such.
+            crate::tls::dial::DialError::Tls(e) => CallError::Network(format!("{}: TLS: {e}", self.addr)),
+        })?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| CallError::Network(format!("handshake with {}: {e}", self.addr)))?;

@@ -162,7 +162,7 @@ async fn dangling_references_are_refused_unless_allowed() {
     // The REST API itself: 422 with the field, and nothing stored.
     use weft_control::cli::client::{Client, Server};
     let spec = serde_json::json!({"hosts": ["s"], "routes": [{"name": "all", "match": {"path_prefix": "/"}, "cluster": "ghost"}]});
-    let mut client = Client::new(vec![Server::parse(url).unwrap()], None);
+    let mut client = Client::new(vec![Server::parse(url, false).unwrap()], None);
     let r = client.request(http::Method::PUT, "/v1/services/s", Some(&spec), None).await.unwrap();
     assert_eq!(r.status, http::StatusCode::UNPROCESSABLE_ENTITY, "{:?}", r.body);
     assert_eq!(r.body["field"], "routes.all.cluster", "{:?}", r.body);

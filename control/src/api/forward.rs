@@ -34,12 +34,18 @@ const KEPT: [HeaderName; 4] = [
     http::header::ACCEPT,
 ];
 
+/// Connections to peers' API ports, dialed by `dialer` (TLS when the cluster runs it).
 #[derive(Default)]
 pub struct Peers {
+    dialer: crate::tls::dial::Dialer,
     idle: Mutex<HashMap<String, Vec<SendRequest<Full<Bytes>>>>>,
 }
 
 impl Peers {
+    pub fn new(dialer: crate::tls::dial::Dialer) -> Peers {
+        Peers { dialer, idle: Mutex::default() }
+    }
+
     async fn connection(&self, addr: &str) -> Result<SendRequest<Full<Bytes>>, String> {
         loop {
             let c = self.idle.lock().unwrap().get_mut(addr).and_then(Vec::pop);
@@ -49,8 +55,7 @@ impl Peers {
                 None => break,
             }
         }
-        let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connecting to {addr}: {e}"))?;
-        let _ = stream.set_nodelay(true);
+        let stream = self.dialer.connect(addr).await.map_err(|e| format!("connecting to {addr}: {e}"))?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| format!("handshake with {addr}: {e}"))?;

@@ -86,6 +86,29 @@ struct Args {
     /// The --ca-cert's private key (PEM, PKCS#8).
     #[arg(long, requires = "ca_cert")]
     ca_key: Option<PathBuf>,
+    /// TLS on the API/Raft and xDS ports: this node's certificate chain (PEM), for the names
+    /// (DNS or IP SANs) peers, sidecars and weftctl reach it by. Reread when the file changes.
+    #[arg(long, requires = "tls_key", conflicts_with = "tls_from_ca")]
+    tls_cert: Option<PathBuf>,
+    /// The --tls-cert's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// TLS on the API/Raft and xDS ports with a certificate this node issues itself from the
+    /// --ca-cert/--ca-key mesh CA (for --tls-name, the hosts of --listen/--advertise/--xds-*,
+    /// localhost and 127.0.0.1), renewed before it expires. Clients then trust the mesh root.
+    #[arg(long, requires = "ca_cert")]
+    tls_from_ca: bool,
+    /// Extra names (DNS or IP) for the --tls-from-ca certificate, comma-separated.
+    #[arg(long, value_delimiter = ',', requires = "tls_from_ca")]
+    tls_name: Vec<String>,
+    /// Roots (PEM) the other control nodes' certificates are checked against when this node
+    /// calls them (Raft, forwarding); default: --ca-cert.
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// Roots (PEM) of client certificates: with it the API/Raft port requires one (peers present
+    /// their serving certificate, weftctl its --cert), and the xDS port checks one when offered.
+    #[arg(long)]
+    tls_client_ca: Option<PathBuf>,
     /// Log filter (RUST_LOG syntax).
     /// (openraft's per-retry replication errors are off by default: a down peer is logged once
     /// when it goes and once when it returns.)
@@ -101,6 +124,45 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// `--tls-*` into settings (files read now, so a missing one is a start-up error naming it).
+fn tls_settings(args: &Args) -> anyhow::Result<Option<weft_control::tls::Settings>> {
+    use weft_control::tls::{CertSource, ISSUED_LIFETIME, Settings};
+    let read = |flag: &str, p: &PathBuf| std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{flag} {}: {e}", p.display()));
+    let source = match (&args.tls_cert, &args.tls_key, args.tls_from_ca) {
+        (Some(cert), Some(key), _) => CertSource::Files { cert: cert.clone(), key: key.clone() },
+        (_, _, true) => {
+            let (Some(cert), Some(key)) = (&args.ca_cert, &args.ca_key) else { anyhow::bail!("--tls-from-ca: needs --ca-cert and --ca-key") };
+            let ca = weft_control::ca::MeshCa::from_pem(&args.trust_domain, &read("--ca-cert", cert)?, &read("--ca-key", key)?)
+                .map_err(|e| anyhow::anyhow!("--ca-cert/--ca-key: {e}"))?;
+            let mut names = args.tls_name.clone();
+            let hosts = [args.advertise.clone(), args.xds_advertise.clone(), Some(args.listen.to_string()), Some(args.xds_listen.to_string())];
+            for addr in hosts.into_iter().flatten() {
+                let host = weft_control::tls::dial::server_name(&addr).map_err(|e| anyhow::anyhow!("--tls-from-ca: {addr}: {e}"))?;
+                let host = host.to_str().into_owned();
+                // A wildcard bind address is nobody's name.
+                if host != "0.0.0.0" && host != "::" {
+                    names.push(host);
+                }
+            }
+            names.extend(["localhost".to_string(), "127.0.0.1".to_string()]);
+            names.sort();
+            names.dedup();
+            CertSource::Issued { ca: std::sync::Arc::new(ca), names, lifetime: ISSUED_LIFETIME }
+        }
+        _ if args.tls_ca.is_some() || args.tls_client_ca.is_some() => {
+            anyhow::bail!("--tls-ca/--tls-client-ca: give the node's own certificate too (--tls-cert and --tls-key, or --tls-from-ca)")
+        }
+        _ => return Ok(None),
+    };
+    let peer_roots_pem = match (&args.tls_ca, &args.ca_cert) {
+        (Some(p), _) => read("--tls-ca", p)?,
+        (None, Some(p)) => read("--ca-cert", p)?,
+        (None, None) => anyhow::bail!("--tls-cert: give --tls-ca, the CA that signed the control nodes' certificates (or --ca-cert)"),
+    };
+    let client_roots_pem = args.tls_client_ca.as_ref().map(|p| read("--tls-client-ca", p)).transpose()?;
+    Ok(Some(Settings { source, peer_roots_pem, client_roots_pem }))
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     weft_proxy::logging::init(tracing_subscriber::EnvFilter::new(&args.log));
@@ -111,6 +173,7 @@ fn main() -> anyhow::Result<()> {
             Tokens::default()
         }
     };
+    let tls = tls_settings(&args)?;
     let mut opts = Options::new(args.id, args.listen, args.xds_listen, args.data_dir);
     opts.advertise = args.advertise;
     opts.xds_advertise = args.xds_advertise;
@@ -128,6 +191,7 @@ fn main() -> anyhow::Result<()> {
     opts.trust_domain = args.trust_domain.clone();
     opts.leaf_lifetime = args.leaf_lifetime;
     opts.ca_files = args.ca_cert.clone().zip(args.ca_key.clone());
+    opts.tls = tls;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
         let running = server::start(opts).await?;
         wait_for_signal().await;

@@ -614,7 +614,7 @@ spec:
 
     async fn apply_against(answers: Vec<(u16, String)>, text: &str) -> (Result<(), CliError>, Vec<Seen>) {
         let (addr, seen) = test_server::start(answers).await;
-        let mut c = Client::new(vec![Server::parse(&addr).unwrap()], None);
+        let mut c = Client::new(vec![Server::parse(&addr, false).unwrap()], None);
         let r = run(&mut c, parse_docs(text).unwrap(), false, Dangling::Refuse, Format::Json).await;
         let seen = seen.lock().unwrap().clone();
         (r, seen)

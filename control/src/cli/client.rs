@@ -1,4 +1,5 @@
-//! `weftctl`'s HTTP client: HTTP/1.1 on hyper over a plain TCP stream, trying the configured
+//! `weftctl`'s HTTP client: HTTP/1.1 on hyper over TCP, or TLS for `https://` nodes (checked
+//! against `--ca`, the mesh root, by the name they are addressed by), trying the configured
 //! control nodes in order.
 //!
 //! Any node can serve any request (followers forward to the leader), so the client only needs
@@ -18,23 +19,26 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
-/// A control node to talk to: `host:port`, from `http://host:port` or `host:port`.
+/// A control node to talk to: `host:port`, from `http(s)://host:port` or `host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Server {
     pub authority: String,
+    /// Spoken to over TLS (`https://`).
+    pub tls: bool,
 }
 
 impl Server {
-    /// Parses one `--server` entry. Only plain `http://` is spoken; a path is refused rather
-    /// than silently dropped.
-    pub fn parse(url: &str) -> Result<Server, String> {
+    /// Parses one `--server` entry; a bare `host:port` is https when `tls` (a `--ca` was
+    /// given), else http. A path is refused rather than silently dropped.
+    pub fn parse(url: &str, tls: bool) -> Result<Server, String> {
         let u = url.trim();
-        if u.starts_with("https://") {
-            return Err(format!("{u}: https is not supported; use http:// (the API serves plain HTTP)"));
-        }
-        let rest = u.strip_prefix("http://").unwrap_or(u);
+        let (tls, rest) = match (u.strip_prefix("https://"), u.strip_prefix("http://")) {
+            (Some(r), _) => (true, r),
+            (_, Some(r)) => (false, r),
+            _ => (tls, u),
+        };
         if rest.contains("://") {
-            return Err(format!("{u}: only http:// URLs are supported"));
+            return Err(format!("{u}: only http:// and https:// URLs are supported"));
         }
         let authority = rest.strip_suffix('/').unwrap_or(rest);
         if authority.is_empty() || authority.contains('/') || authority.contains('?') {
@@ -45,18 +49,22 @@ impl Server {
             Some(i) => authority[i..].contains(':'),
             None => authority.contains(':'),
         };
-        let authority = if has_port { authority.to_string() } else { format!("{authority}:80") };
+        let authority = match (has_port, tls) {
+            (true, _) => authority.to_string(),
+            (false, false) => format!("{authority}:80"),
+            (false, true) => format!("{authority}:443"),
+        };
         let port_ok = authority.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
         if !port_ok {
             return Err(format!("{u}: expected http://HOST:PORT"));
         }
-        Ok(Server { authority })
+        Ok(Server { authority, tls })
     }
 
     /// Parses a comma-separated `--server` / `WEFT_SERVER` list.
-    pub fn parse_list(list: &str) -> Result<Vec<Server>, String> {
+    pub fn parse_list(list: &str, tls: bool) -> Result<Vec<Server>, String> {
         let servers =
-            list.split(',').filter(|s| !s.trim().is_empty()).map(Server::parse).collect::<Result<Vec<_>, _>>()?;
+            list.split(',').filter(|s| !s.trim().is_empty()).map(|s| Server::parse(s, tls)).collect::<Result<Vec<_>, _>>()?;
         if servers.is_empty() {
             return Err("--server: no server given".into());
         }
@@ -130,6 +138,8 @@ enum Attempt {
 
 pub struct Client {
     servers: Vec<Server>,
+    /// How `https://` nodes are dialed (`--ca`, `--cert`).
+    tls: crate::tls::dial::Dialer,
     token: Option<String>,
     /// The node that answered last; later requests start there.
     preferred: usize,
@@ -146,6 +156,7 @@ impl Client {
     pub fn new(servers: Vec<Server>, token: Option<String>) -> Client {
         Client {
             servers,
+            tls: crate::tls::dial::Dialer::default(),
             token,
             preferred: 0,
             timeout: Duration::from_secs(10),
@@ -153,6 +164,12 @@ impl Client {
             retries_503: 3,
             backoff: Duration::from_millis(250),
         }
+    }
+
+    /// Dial `https://` nodes with `dialer`.
+    pub fn with_tls(mut self, dialer: crate::tls::dial::Dialer) -> Client {
+        self.tls = dialer;
+        self
     }
 
     /// Sends `method path` with an optional JSON body and `If-Match` revision, failing over
@@ -199,14 +216,19 @@ impl Client {
     }
 
     async fn attempt(&self, idx: usize, method: &Method, path: &str, body: Bytes, if_match: Option<u64>) -> Attempt {
-        let addr = self.servers[idx].authority.as_str();
-        let connect = tokio::time::timeout(self.connect_timeout, tokio::net::TcpStream::connect(addr));
+        let server = &self.servers[idx];
+        let addr = server.authority.as_str();
+        let plain = crate::tls::dial::Dialer::default();
+        let dialer = if server.tls { &self.tls } else { &plain };
+        if server.tls && !dialer.is_tls() {
+            return Attempt::Skip(format!("{addr}: https needs the roots to check the node against (--ca FILE)"));
+        }
+        let connect = tokio::time::timeout(self.connect_timeout, dialer.connect(addr));
         let stream = match connect.await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Attempt::Skip(format!("{addr}: {e}")),
             Err(_) => return Attempt::Skip(format!("{addr}: no connection within {:?}", self.connect_timeout)),
         };
-        let _ = stream.set_nodelay(true);
         // GET is safe to repeat elsewhere; so is PUT of a spec (the same spec again is
         // `changed: false`). POST and DELETE are not: a second try could do something else.
         let repeatable = *method == Method::GET || *method == Method::PUT;
@@ -258,20 +280,22 @@ mod tests {
 
     #[test]
     fn server_urls() {
-        let a = |s: &str| Server::parse(s).map(|s| s.authority);
+        let a = |s: &str| Server::parse(s, false).map(|s| s.authority);
         assert_eq!(a("http://127.0.0.1:7700").unwrap(), "127.0.0.1:7700");
         assert_eq!(a("http://ctl.example:7700/").unwrap(), "ctl.example:7700");
         assert_eq!(a("10.0.0.1:7700").unwrap(), "10.0.0.1:7700");
         assert_eq!(a("http://ctl").unwrap(), "ctl:80");
         assert_eq!(a("http://[::1]:7700").unwrap(), "[::1]:7700");
         assert_eq!(a("http://[::1]").unwrap(), "[::1]:80");
-        assert!(a("https://ctl:7700").unwrap_err().contains("https"));
+        assert_eq!(Server::parse("https://ctl:7700", false).unwrap(), Server { authority: "ctl:7700".into(), tls: true });
+        assert_eq!(Server::parse("ctl", true).unwrap(), Server { authority: "ctl:443".into(), tls: true });
+        assert_eq!(Server::parse("http://ctl:1", true).unwrap(), Server { authority: "ctl:1".into(), tls: false });
         assert!(a("http://ctl:7700/v1").is_err());
         assert!(a("http://ctl:port").is_err());
         assert!(a("ftp://x:1").is_err());
-        let l = Server::parse_list("http://a:1, b:2,").unwrap();
+        let l = Server::parse_list("http://a:1, b:2,", false).unwrap();
         assert_eq!(l.iter().map(|s| s.authority.as_str()).collect::<Vec<_>>(), ["a:1", "b:2"]);
-        assert!(Server::parse_list(" , ").is_err());
+        assert!(Server::parse_list(" , ", false).is_err());
     }
 
     #[test]
@@ -305,7 +329,7 @@ mod tests {
     }
 
     fn client(addrs: &[&str]) -> Client {
-        let servers = addrs.iter().map(|a| Server::parse(a).unwrap()).collect();
+        let servers = addrs.iter().map(|a| Server::parse(a, false).unwrap()).collect();
         let mut c = Client::new(servers, Some("t".into()));
         c.backoff = Duration::from_millis(1);
         c

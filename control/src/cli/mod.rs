@@ -44,6 +44,17 @@ pub struct Args {
     /// Bearer token, when the cluster runs with --tokens (env WEFT_TOKEN).
     #[arg(long, global = true, value_name = "T")]
     pub token: Option<String>,
+    /// Roots (PEM) to check `https://` control nodes against: the mesh root (`weftctl identity
+    /// ca` prints it) when the nodes run --tls-from-ca. With it, a bare HOST:PORT is https
+    /// (env WEFT_CA).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for nodes that run --tls-client-ca (env WEFT_CERT); needs --key.
+    #[arg(long, global = true, value_name = "FILE", requires = "key")]
+    pub cert: Option<std::path::PathBuf>,
+    /// The --cert's private key (PEM; env WEFT_KEY).
+    #[arg(long, global = true, value_name = "FILE", requires = "cert")]
+    pub key: Option<std::path::PathBuf>,
     /// Output format.
     #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = Format::Table)]
     pub output: Format,
@@ -359,9 +370,15 @@ pub fn parse_weights(args: &[String]) -> Result<serde_json::Map<String, Value>, 
 fn client(args: &Args) -> Result<Client, CliError> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let servers = args.server.clone().or_else(|| env("WEFT_SERVER")).unwrap_or_else(|| DEFAULT_SERVER.to_string());
-    let servers = Server::parse_list(&servers).map_err(|e| CliError::Usage(format!("--server {e}")))?;
+    let path = |flag: &Option<std::path::PathBuf>, var: &str| flag.clone().or_else(|| env(var).map(Into::into));
+    let ca = path(&args.ca, "WEFT_CA");
+    let servers = Server::parse_list(&servers, ca.is_some()).map_err(|e| CliError::Usage(format!("--server {e}")))?;
     let token = args.token.clone().or_else(|| env("WEFT_TOKEN"));
-    Ok(Client::new(servers, token))
+    let client = Client::new(servers, token);
+    let Some(ca) = ca else { return Ok(client) };
+    let dialer = crate::tls::dial::Dialer::from_files(&ca, path(&args.cert, "WEFT_CERT").zip(path(&args.key, "WEFT_KEY")))
+        .map_err(CliError::Usage)?;
+    Ok(client.with_tls(dialer))
 }
 
 fn read_input(file: &str) -> Result<String, CliError> {

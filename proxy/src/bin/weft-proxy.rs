@@ -25,6 +25,11 @@ struct Args {
     /// file also gives node identity, admin, listeners and telemetry (it is not hot-reloaded).
     #[arg(long, value_delimiter = ',')]
     xds: Vec<String>,
+    /// Roots (PEM) to check the control nodes' TLS certificates against when they run
+    /// --tls-from-ca or --tls-cert (the mesh root, or the CA of those certificates); with it,
+    /// --xds addresses are TLS. An https:// address without it is checked against the system's.
+    #[arg(long)]
+    xds_ca: Option<PathBuf>,
     /// Node id sent to the control plane (default: the file's `node.id`).
     #[arg(long, default_value = "")]
     node_id: String,
@@ -106,11 +111,17 @@ fn run(args: Args) -> Result<(), String> {
         Some(_) if args.xds.is_empty() => return Err("--register-cluster: only meaningful with --xds".into()),
         Some(cluster) => Some(registration(&cfg, cluster, args.register_address.as_deref(), &args.register_variant)?),
     };
+    let tls = match &args.xds_ca {
+        Some(_) if args.xds.is_empty() => return Err("--xds-ca: only meaningful with --xds".into()),
+        Some(p) => weft_proxy::xds::dial::ControlTls::from_ca_file(p)?,
+        None => weft_proxy::xds::dial::ControlTls::default(),
+    };
     let xds = (!args.xds.is_empty()).then(|| weft_proxy::xds::XdsOptions {
         node_id: args.node_id.clone(),
         cache_path: args.xds_cache.clone(),
         registration,
         report_interval,
+        tls: tls.clone(),
         ..weft_proxy::xds::XdsOptions::new(args.xds.clone())
     });
     if xds.is_none() && args.xds_cache.is_some() {

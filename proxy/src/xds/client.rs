@@ -151,18 +151,10 @@ impl Client {
 
     /// One ADS stream to `addr`, until it fails. Returns why it ended.
     async fn session(&mut self, addr: &str, received: &mut bool) -> String {
-        let uri = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
-        let endpoint = match Endpoint::from_shared(uri) {
-            Ok(e) => e
-                .connect_timeout(CONNECT_TIMEOUT)
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(KEEPALIVE)
-                .keep_alive_timeout(KEEPALIVE),
-            Err(e) => return format!("invalid control node address {addr:?}: {}", causes(&e)),
-        };
-        let channel = match endpoint.connect().await {
+        let tune = |e: Endpoint| e.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true).http2_keep_alive_interval(KEEPALIVE).keep_alive_timeout(KEEPALIVE);
+        let channel = match super::dial::channel(addr, &self.opts.tls, tune).await {
             Ok(c) => c,
-            Err(e) => return format!("cannot connect: {}", causes(&e)),
+            Err(e) => return e,
         };
         let (tx, rx) = mpsc::channel::<DiscoveryRequest>(BATCH_MAX * 2);
         let opening = if self.subscribed {
@@ -307,7 +299,6 @@ impl Client {
     }
 }
 
-/// An error with its causes: tonic's transport error alone says only "transport error".
 /// Ends the report stream when the ADS session it belongs to ends.
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 
@@ -315,17 +306,6 @@ impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-fn causes(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 async fn send_all(tx: &mpsc::Sender<DiscoveryRequest>, requests: Vec<DiscoveryRequest>) -> Result<(), String> {

@@ -23,7 +23,7 @@ pub fn renew_at(from: SystemTime, to: SystemTime) -> SystemTime {
 }
 
 /// Keep the identity issued and renewed, forever.
-pub async fn run(mesh: Arc<MeshIdentity>, ctx: Arc<TlsContext>, servers: Vec<String>) {
+pub async fn run(mesh: Arc<MeshIdentity>, ctx: Arc<TlsContext>, servers: Vec<String>, tls: super::dial::ControlTls) {
     let Some(issued) = mesh.issued.clone() else { return };
     let Some(id) = mesh.id() else { return };
     let mut backoff = super::client::Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
@@ -32,7 +32,7 @@ pub async fn run(mesh: Arc<MeshIdentity>, ctx: Arc<TlsContext>, servers: Vec<Str
             let wait = renew_at(cur.not_before, cur.not_after).duration_since(SystemTime::now()).unwrap_or_default();
             tokio::time::sleep(wait).await;
         }
-        match issue(&mesh, &issued, &id, &servers).await {
+        match issue(&mesh, &issued, &id, &servers, &tls).await {
             Ok(l) => {
                 let left = l.not_after.duration_since(SystemTime::now()).unwrap_or_default();
                 tracing::info!(identity = %l.id, valid_for_s = left.as_secs(), "mesh certificate issued");
@@ -55,12 +55,12 @@ pub async fn run(mesh: Arc<MeshIdentity>, ctx: Arc<TlsContext>, servers: Vec<Str
 
 /// One issuance: a new key and CSR, signed by the first control node that answers, written to
 /// `dir` and checked.
-async fn issue(mesh: &MeshIdentity, issued: &Issued, id: &SpiffeId, servers: &[String]) -> Result<Loaded, String> {
+async fn issue(mesh: &MeshIdentity, issued: &Issued, id: &SpiffeId, servers: &[String], tls: &super::dial::ControlTls) -> Result<Loaded, String> {
     let token = std::fs::read_to_string(&issued.token_file).map_err(|e| format!("identity.token_file {}: {e}", issued.token_file.display()))?;
     let req = identity::request(id)?;
     let mut why = Vec::new();
     for addr in servers {
-        match sign(addr, token.trim(), &req.csr_pem).await {
+        match sign(addr, tls, token.trim(), &req.csr_pem).await {
             Ok(resp) => {
                 let loaded = mesh.build(&resp.cert_chain_pem, &req.key_pem, &resp.roots_pem)?;
                 keep(issued, &req.key_pem, &resp).map_err(|e| format!("identity.dir {}: {e}", issued.dir.display()))?;
@@ -75,10 +75,8 @@ async fn issue(mesh: &MeshIdentity, issued: &Issued, id: &SpiffeId, servers: &[S
 }
 
 /// Ask `addr` to sign; the error says whether the CA refused (true) or could not be reached.
-async fn sign(addr: &str, token: &str, csr_pem: &str) -> Result<v1::SignResponse, (bool, String)> {
-    let uri = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
-    let ep = Endpoint::from_shared(uri).map_err(|e| (false, format!("invalid control node address: {e}")))?.connect_timeout(TIMEOUT).timeout(TIMEOUT);
-    let channel = ep.connect().await.map_err(|e| (false, format!("cannot connect: {e}")))?;
+async fn sign(addr: &str, tls: &super::dial::ControlTls, token: &str, csr_pem: &str) -> Result<v1::SignResponse, (bool, String)> {
+    let channel = super::dial::channel(addr, tls, |e: Endpoint| e.connect_timeout(TIMEOUT).timeout(TIMEOUT)).await.map_err(|e| (false, e))?;
     let mut client = v1::identity_client::IdentityClient::new(channel);
     let req = v1::SignRequest { token: token.into(), csr_pem: csr_pem.into() };
     match client.sign(req).await {

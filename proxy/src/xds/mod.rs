@@ -7,6 +7,7 @@
 //! - [`disk`]: the last good pushed config on disk, served after a restart;
 //! - [`client`]: the ADS stream IO loop: failover between control nodes, backoff;
 //! - [`report`]: registration, heartbeats and load reports on the same connection;
+//! - [`dial`]: the channel to a control node, TLS when it runs `--tls-*` (`--xds-ca`);
 //! - [`issue`]: the sidecar's certificate from the mesh CA (`identity.token_file`), renewed.
 //!
 //! Every push goes through `Shared::apply`, the same validate-then-swap path as a file reload,
@@ -14,6 +15,7 @@
 
 pub mod client;
 pub mod convert;
+pub mod dial;
 pub mod disk;
 pub mod encode;
 pub mod issue;
@@ -46,6 +48,8 @@ pub struct XdsOptions {
     pub registration: Option<weft_xds::resources::v1::Registration>,
     /// Heartbeat and load-report period.
     pub report_interval: Duration,
+    /// TLS to the control nodes (`--xds-ca`, `https://` addresses).
+    pub tls: dial::ControlTls,
 }
 
 impl XdsOptions {
@@ -58,6 +62,7 @@ impl XdsOptions {
             backoff_max: Duration::from_secs(5),
             registration: None,
             report_interval: Duration::from_secs(1),
+            tls: dial::ControlTls::default(),
         }
     }
 
@@ -109,7 +114,7 @@ pub fn spawn(
         };
         rt.block_on(async move {
             if let Some(mesh) = sh.tls.mesh.clone().filter(|m| m.issued.is_some()) {
-                tokio::spawn(issue::run(mesh, sh.tls.clone(), opts.servers.clone()));
+                tokio::spawn(issue::run(mesh, sh.tls.clone(), opts.servers.clone(), opts.tls.clone()));
             }
             tokio::select! {
                 () = client::Client::new(sh, opts, node).run() => {}
