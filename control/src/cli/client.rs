@@ -253,7 +253,9 @@ impl Client {
                 req = req.header(http::header::IF_MATCH, r.to_string());
             }
             let req = req.body(Full::new(body)).map_err(|e| (false, format!("building the request: {e}")))?;
-            let resp = sender.send_request(req).await.map_err(|e| (true, format!("{addr}: {e}")))?;
+            // With the causes: a TLS refusal after the handshake (no client certificate) is an
+            // alert under hyper's "connection error".
+            let resp = sender.send_request(req).await.map_err(|e| (true, format!("{addr}: {}", weft_proxy::xds::dial::causes(&e))))?;
             let status = resp.status();
             let bytes =
                 resp.into_body().collect().await.map_err(|e| (true, format!("{addr}: reading the answer: {e}")))?;
