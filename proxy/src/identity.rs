@@ -112,10 +112,41 @@ impl fmt::Display for SpiffeId {
 /// provider because ring has no post-quantum key exchange (X25519MLKEM768); aws-lc-rs has it
 /// but needs a C/CMake toolchain and builds slowly, which DESIGN.md ruled out for now. This is
 /// the one place that choice is made.
+///
+/// Key exchange: X25519 first, then P-256, then P-384 ([`KX_GROUPS`]). The ring provider's own
+/// default list puts P-384 first, and a TLS 1.3 client sends its key share for its first group
+/// only, while a rustls server takes the client's order: a weft client then made every peer do
+/// P-384 ECDH (ring's P-384 is generic bignum code, several times the cost of its X25519 or
+/// P-256; it was half the CPU of a full handshake), and a server preferring X25519 (Envoy,
+/// OpenSSL) answered it with a HelloRetryRequest, a second round trip and key generation.
+///
+/// Cipher suites: the provider's, with AES-128-GCM first (as BoringSSL and Go order them)
+/// instead of AES-256-GCM-SHA384, whose SHA-384 (the transcript hash and the key schedule of a
+/// TLS 1.3 handshake) ring runs in generic code, where its SHA-256 uses the CPU's SHA
+/// instructions; AES-128 also takes 10 rounds per block to AES-256's 14 on pooled connections.
+/// Every suite stays offered and accepted; a server still follows the client's order.
 #[allow(deprecated)]
 pub fn crypto_provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
-    std::sync::Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::CipherSuite as S;
+    let mut p = rustls::crypto::ring::default_provider();
+    p.kx_groups = KX_GROUPS.to_vec();
+    // Stable: the rest keep the provider's order (suites of the other TLS version are skipped
+    // when one is chosen, so where they sit among these does not matter).
+    p.cipher_suites.sort_by_key(|s| {
+        !matches!(
+            s.suite(),
+            S::TLS13_AES_128_GCM_SHA256 | S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 | S::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256
+        )
+    });
+    std::sync::Arc::new(p)
 }
+
+/// The key-exchange groups weft offers and accepts, most preferred first: see
+/// [`crypto_provider`].
+pub static KX_GROUPS: &[&dyn rustls::crypto::SupportedKxGroup] = {
+    use rustls::crypto::ring::kx_group::{SECP256R1, SECP384R1, X25519};
+    &[X25519, SECP256R1, SECP384R1]
+};
 
 /// A sidecar's new key pair (PKCS#8 PEM) and the CSR (PEM) asking for `id`.
 pub struct Request {
@@ -233,6 +264,29 @@ mod tests {
             .collect();
         assert_eq!(uris, [id.to_string()]);
         assert!(!r.csr_pem.contains("PRIVATE KEY"), "the CSR carries no key");
+    }
+
+    #[test]
+    fn key_exchange_prefers_x25519_and_keeps_every_group() {
+        use rustls::NamedGroup;
+        let names: Vec<NamedGroup> = crypto_provider().kx_groups.iter().map(|g| g.name()).collect();
+        assert_eq!(names, [NamedGroup::X25519, NamedGroup::secp256r1, NamedGroup::secp384r1]);
+    }
+
+    #[test]
+    fn aes_128_gcm_comes_first_and_no_suite_is_dropped() {
+        use rustls::CipherSuite as S;
+        #[allow(deprecated)]
+        let default = rustls::crypto::ring::default_provider().cipher_suites;
+        let ours = crypto_provider().cipher_suites.clone();
+        assert_eq!(ours[0].suite(), S::TLS13_AES_128_GCM_SHA256);
+        let tls13: Vec<S> = ours.iter().filter(|s| s.tls13().is_some()).map(|s| s.suite()).collect();
+        assert_eq!(tls13, [S::TLS13_AES_128_GCM_SHA256, S::TLS13_AES_256_GCM_SHA384, S::TLS13_CHACHA20_POLY1305_SHA256]);
+        let mut a: Vec<u16> = ours.iter().map(|s| u16::from(s.suite())).collect();
+        let mut b: Vec<u16> = default.iter().map(|s| u16::from(s.suite())).collect();
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b);
     }
 
     #[test]

@@ -356,3 +356,87 @@ pub fn failure_reason(e: &rustls::Error) -> &'static str {
         _ => "error",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{CERTIFICATE, PRIVATE_KEY, pem_encode};
+
+    /// A root and a leaf for each ID it signs (URI SAN), as PEM.
+    struct Pki {
+        root_pem: String,
+        issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    }
+
+    impl Pki {
+        fn new() -> Pki {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut p = rcgen::CertificateParams::default();
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+            p.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
+            let root = p.self_signed(&key).unwrap();
+            Pki { root_pem: pem_encode(CERTIFICATE, root.der()), issuer: rcgen::Issuer::new(p, key) }
+        }
+
+        fn credentials(&self, id: &str) -> Credentials {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut p = rcgen::CertificateParams::default();
+            p.subject_alt_names = vec![rcgen::SanType::URI(rcgen::string::Ia5String::try_from(id).unwrap())];
+            let leaf = p.signed_by(&key, &self.issuer).unwrap();
+            Credentials::from_pem(&pem_encode(CERTIFICATE, leaf.der()), &pem_encode(PRIVATE_KEY, &key.serialize_der()), &self.root_pem).unwrap()
+        }
+    }
+
+    /// Runs a handshake between the two in memory, to its end.
+    fn handshake(client: &mut rustls::ClientConnection, server: &mut rustls::ServerConnection) {
+        let mut buf = Vec::new();
+        for _ in 0..10 {
+            if !client.is_handshaking() && !server.is_handshaking() && !client.wants_write() && !server.wants_write() {
+                return;
+            }
+            buf.clear();
+            while client.wants_write() {
+                client.write_tls(&mut buf).unwrap();
+            }
+            let mut rd = &buf[..];
+            while !rd.is_empty() {
+                server.read_tls(&mut rd).unwrap();
+            }
+            server.process_new_packets().unwrap();
+            buf.clear();
+            while server.wants_write() {
+                server.write_tls(&mut buf).unwrap();
+            }
+            let mut rd = &buf[..];
+            while !rd.is_empty() {
+                client.read_tls(&mut rd).unwrap();
+            }
+            client.process_new_packets().unwrap();
+        }
+        panic!("the handshake did not finish");
+    }
+
+    /// Between weft's own sides: one round trip (no HelloRetryRequest), X25519, AES-128-GCM,
+    /// and the client's ID read back on the server.
+    #[test]
+    fn sidecars_agree_on_x25519_in_one_round_trip() {
+        let pki = Pki::new();
+        let server_id = "spiffe://mesh.test/service/model";
+        let client_id = "spiffe://mesh.test/ns/apps/sa/web";
+        let server_cfg = server_config(&pki.credentials(server_id), "mesh.test").unwrap();
+        let client_cfg = client_config(&pki.credentials(client_id), Expect::one(server_id.parse().unwrap()), b"h2").unwrap();
+        let mut client = rustls::ClientConnection::new(client_cfg, ServerName::try_from("model").unwrap()).unwrap();
+        let mut server = rustls::ServerConnection::new(server_cfg).unwrap();
+        handshake(&mut client, &mut server);
+        for (kind, group, suite) in [
+            (client.handshake_kind(), client.negotiated_key_exchange_group().map(|g| g.name()), client.negotiated_cipher_suite().map(|s| s.suite())),
+            (server.handshake_kind(), server.negotiated_key_exchange_group().map(|g| g.name()), server.negotiated_cipher_suite().map(|s| s.suite())),
+        ] {
+            assert_eq!(kind, Some(rustls::HandshakeKind::Full));
+            assert_eq!(group, Some(rustls::NamedGroup::X25519));
+            assert_eq!(suite, Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256));
+        }
+        assert_eq!(server.alpn_protocol(), Some(&b"h2"[..]));
+        assert_eq!(server.peer_certificates().and_then(peer_id).map(|i| i.to_string()).as_deref(), Some(client_id));
+    }
+}

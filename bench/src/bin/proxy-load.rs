@@ -345,14 +345,16 @@ fn mtls_scenario(
             match measure_mtls(plan, target, bin, repeat, tmp) {
                 Ok(s) => {
                     eprintln!(
-                        "mtls repeat {}/{} {:<12} {:>8.0} req/s  {:>6.1} µs/req  {:>6.0} handshakes/s ({} errors)",
+                        "mtls repeat {}/{} {:<12} {:>8.0} req/s  {:>6.1} µs/req  {:>6.0} handshakes/s ({} errors; {}, {} hello retries)",
                         repeat + 1,
                         plan.repeats,
                         target.name(),
                         s.closed.rps,
                         s.closed.cpu_us_per_req,
                         s.handshakes_per_s,
-                        s.handshake_errors
+                        s.handshake_errors,
+                        s.handshake_negotiated.as_deref().unwrap_or("-"),
+                        s.handshake_hello_retries
                     );
                     samples.push(s);
                 }
@@ -482,6 +484,8 @@ fn measure_mtls(
         handshake_server_cpu_us: hs_cpu.cpu_s * 1e6 / hs.completed.max(1) as f64,
         handshake_server_cpu_busy: hs_cpu.cpu_s / hs_cpu.wall_s,
         handshake_client_cpu_busy: hs.cpu_s / hs.wall_s.max(1e-9),
+        handshake_hello_retries: hs.hello_retries,
+        handshake_negotiated: hs.negotiated.clone(),
     })
 }
 

@@ -39,6 +39,28 @@ pub struct Counts {
     pub wall_s: f64,
     /// The generator's own CPU time (utime + stime).
     pub cpu_s: f64,
+    /// Completed handshakes that needed a HelloRetryRequest (the server wanted another key
+    /// share than the one the client sent: an extra round trip and a second key generation).
+    pub hello_retries: u64,
+    /// What the first completed handshake negotiated (see `negotiated`), as a short text.
+    pub negotiated: Option<String>,
+}
+
+/// What a handshake negotiated, read from the client's side: the protocol version, cipher
+/// suite, key-exchange group, whether a HelloRetryRequest was needed, ALPN, and the number of
+/// certificates the server sent. The same client against two servers makes any difference in
+/// what each one chose show here.
+fn negotiated(c: &rustls::ClientConnection) -> String {
+    let name = |d: Option<String>| d.unwrap_or_else(|| "-".into());
+    format!(
+        "{} {} {} {} alpn={} server_chain={}",
+        name(c.protocol_version().map(|v| format!("{v:?}"))),
+        name(c.negotiated_cipher_suite().map(|s| format!("{:?}", s.suite()))),
+        name(c.negotiated_key_exchange_group().map(|g| format!("{:?}", g.name()))),
+        name(c.handshake_kind().map(|k| format!("{k:?}"))),
+        name(c.alpn_protocol().map(|p| String::from_utf8_lossy(p).into_owned())),
+        c.peer_certificates().map_or(0, |p| p.len()),
+    )
 }
 
 impl Counts {
@@ -78,6 +100,8 @@ fn parse_counts(out: &str) -> Option<Counts> {
         first_error: v["first_error"].as_str().map(str::to_string),
         wall_s: v["wall_s"].as_f64()?,
         cpu_s: v["cpu_s"].as_f64()?,
+        hello_retries: v["hello_retries"].as_u64().unwrap_or(0),
+        negotiated: v["negotiated"].as_str().map(str::to_string),
     })
 }
 
@@ -102,6 +126,8 @@ pub fn serve(spec: &str) -> Result<()> {
             "first_error": counts.first_error,
             "wall_s": counts.wall_s,
             "cpu_s": counts.cpu_s,
+            "hello_retries": counts.hello_retries,
+            "negotiated": counts.negotiated,
         })
     );
     Ok(())
@@ -122,13 +148,18 @@ pub async fn generate(
         let connector = connector.clone();
         loops.spawn(async move {
             let (mut ok, mut errors, mut first) = (0u64, 0u64, None);
+            let (mut retries, mut params) = (0u64, None);
             while Instant::now() < deadline {
                 match tokio::time::timeout(EXCHANGE_TIMEOUT, exchange(addr, &connector)).await {
-                    Ok(Ok(200)) => ok += 1,
+                    Ok(Ok((200, hs))) => {
+                        ok += 1;
+                        retries += u64::from(hs.retried);
+                        params.get_or_insert(hs.params);
+                    }
                     failed => {
                         errors += 1;
                         first.get_or_insert_with(|| match failed {
-                            Ok(Ok(code)) => format!("HTTP {code}"),
+                            Ok(Ok((code, _))) => format!("HTTP {code}"),
                             Ok(Err(e)) => format!("{e:#}"),
                             Err(_) => format!("no answer within {EXCHANGE_TIMEOUT:?}"),
                         });
@@ -137,7 +168,7 @@ pub async fn generate(
                     }
                 }
             }
-            (ok, errors, first)
+            (ok, errors, first, retries, params)
         });
     }
     let mut counts = Counts {
@@ -146,19 +177,31 @@ pub async fn generate(
         first_error: None,
         wall_s: 0.0,
         cpu_s: 0.0,
+        hello_retries: 0,
+        negotiated: None,
     };
     while let Some(done) = loops.join_next().await {
-        let (ok, errors, first) = done.unwrap_or((0, 1, Some("a loop panicked".into())));
+        let (ok, errors, first, retries, params) =
+            done.unwrap_or((0, 1, Some("a loop panicked".into()), 0, None));
         counts.completed += ok;
         counts.errors += errors;
         counts.first_error = counts.first_error.or(first);
+        counts.hello_retries += retries;
+        counts.negotiated = counts.negotiated.or(params);
     }
     counts.wall_s = started.elapsed().as_secs_f64();
     counts
 }
 
-/// One new connection: connect, full handshake, `GET /`, the response to its end; the status.
-async fn exchange(addr: SocketAddr, connector: &TlsConnector) -> Result<u16> {
+/// What one exchange's handshake was.
+struct Handshake {
+    retried: bool,
+    params: String,
+}
+
+/// One new connection: connect, full handshake, `GET /`, the response to its end; the status
+/// and what the handshake negotiated.
+async fn exchange(addr: SocketAddr, connector: &TlsConnector) -> Result<(u16, Handshake)> {
     let tcp = TcpStream::connect(addr).await.context("connect")?;
     tcp.set_nodelay(true)?;
     let name = ServerName::try_from(SNI)?;
@@ -166,6 +209,11 @@ async fn exchange(addr: SocketAddr, connector: &TlsConnector) -> Result<u16> {
         .connect(name, tcp)
         .await
         .context("TLS handshake")?;
+    let conn = tls.get_ref().1;
+    let hs = Handshake {
+        retried: conn.handshake_kind() == Some(rustls::HandshakeKind::FullWithHelloRetryRequest),
+        params: negotiated(conn),
+    };
     tls.write_all(b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
         .await?;
     let mut response = Vec::with_capacity(512);
@@ -178,7 +226,7 @@ async fn exchange(addr: SocketAddr, connector: &TlsConnector) -> Result<u16> {
         Err(e) => return Err(e).context("reading the response"),
     }
     match complete {
-        Some(status) => Ok(status),
+        Some(status) => Ok((status, hs)),
         None => bail!(
             "incomplete response: {:?}",
             String::from_utf8_lossy(&response[..response.len().min(200)])
@@ -210,9 +258,10 @@ pub fn probe(addr: SocketAddr, pki_dir: &Path) -> Result<(u16, String)> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let status = tokio::time::timeout(Duration::from_secs(2), exchange(addr, &connector))
-            .await
-            .context("no answer within 2 s")??;
+        let (status, _) =
+            tokio::time::timeout(Duration::from_secs(2), exchange(addr, &connector))
+                .await
+                .context("no answer within 2 s")??;
         Ok((status, String::new()))
     })
 }

@@ -26,6 +26,11 @@ pub struct MtlsSample {
     /// The handshake generator's own CPU over its wall time (≈1.0: the client side, not the
     /// server, limited the rate).
     pub handshake_client_cpu_busy: f64,
+    /// Handshakes that needed a HelloRetryRequest (see `handshake::Counts`).
+    pub handshake_hello_retries: u64,
+    /// What the server negotiated with the generator (version, suite, group, kind, ALPN,
+    /// certificates sent).
+    pub handshake_negotiated: Option<String>,
 }
 
 impl Measured for MtlsSample {
@@ -175,6 +180,8 @@ pub fn sample_json(s: &MtlsSample) -> Value {
         "handshake_server_cpu_us": round(s.handshake_server_cpu_us, 1),
         "handshake_server_cpu_busy": round(s.handshake_server_cpu_busy, 3),
         "handshake_client_cpu_busy": round(s.handshake_client_cpu_busy, 3),
+        "handshake_hello_retries": s.handshake_hello_retries,
+        "handshake_negotiated": s.handshake_negotiated,
     }))
 }
 
@@ -183,6 +190,6 @@ pub const NOTES: &[&str] = &[
     "weft, weft_release, envoy: two sidecars of the same proxy on the proxy core, wrk (plaintext HTTP/1.1) -> outbound sidecar A -> mutual TLS (TLS 1.3, HTTP/1.1, pooled connections; A presents spiffe://weft.local/ns/bench/sa/client and checks the server's URI SAN is spiffe://weft.local/service/model; B requires a client certificate chaining to the bench's root) -> inbound sidecar B -> plaintext upstream",
     "nginx, haproxy: TLS termination only: one process terminating TLS from wrk (https://, no client certificate) -> plaintext upstream; neither does SPIFFE mTLS on both hops, so their numbers are a reference, not the same work",
     "rps: closed loop, wrk -t1 with --connections connections for --duration s, after a warm-up; cpu_us_per_req: utime+stime of every proxy process (A + B for a pair) during it / requests completed; cpu_busy: the same CPU / wall time",
-    "handshakes_per_s: the bench's generator (tokio-rustls, on the load core), --connections loops for --duration s, each: TCP connect to B (or the terminator), a full TLS handshake presenting the client certificate (resumption disabled), GET / with Connection: close, read to the end, close; completed exchanges / wall time. handshake_server_cpu_us: the TLS server's CPU per completed exchange; handshake_client_cpu_busy: the generator's CPU / wall time (near 1.0 the client limited the rate)",
+    "handshakes_per_s: the bench's generator (tokio-rustls, on the load core), --connections loops for --duration s, each: TCP connect to B (or the terminator), a full TLS handshake presenting the client certificate (resumption disabled), GET / with Connection: close, read to the end, close; completed exchanges / wall time. handshake_server_cpu_us: the TLS server's CPU per completed exchange; handshake_client_cpu_busy: the generator's CPU / wall time (near 1.0 the client limited the rate); handshake_negotiated: what the first handshake negotiated, as the generator saw it (version, cipher suite, key-exchange group, Full or FullWithHelloRetryRequest, ALPN, certificates the server sent); handshake_hello_retries: handshakes that needed a HelloRetryRequest",
     "summary.mtls holds medians over repeats; summary.mtls.*.range holds [min, max]",
 ];
