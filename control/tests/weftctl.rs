@@ -326,6 +326,7 @@ async fn cluster_commands_and_server_failover() {
     assert!(o.stderr.starts_with("error: no control node answered: ") && o.stderr.contains(&dead), "{}", o.stderr);
     let o = ctl("https://x:1", &["status"], None).await;
     assert_eq!(o.code, 2, "{o:?}");
+    assert!(o.stderr.contains("--ca FILE"), "{o:?}");
     node.running.shutdown().await.unwrap();
 }
 

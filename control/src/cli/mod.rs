@@ -374,8 +374,13 @@ fn client(args: &Args) -> Result<Client, CliError> {
     let ca = path(&args.ca, "WEFT_CA");
     let servers = Server::parse_list(&servers, ca.is_some()).map_err(|e| CliError::Usage(format!("--server {e}")))?;
     let token = args.token.clone().or_else(|| env("WEFT_TOKEN"));
+    let Some(ca) = ca else {
+        if let Some(s) = servers.iter().find(|s| s.tls) {
+            return Err(CliError::Usage(format!("--server https://{}: give --ca FILE, the roots to check the node against (the mesh root)", s.authority)));
+        }
+        return Ok(Client::new(servers, token));
+    };
     let client = Client::new(servers, token);
-    let Some(ca) = ca else { return Ok(client) };
     let dialer = crate::tls::dial::Dialer::from_files(&ca, path(&args.cert, "WEFT_CERT").zip(path(&args.key, "WEFT_KEY")))
         .map_err(CliError::Usage)?;
     Ok(client.with_tls(dialer))

@@ -115,7 +115,7 @@ mod tests {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut p = rcgen::CertificateParams::new(vec![]).unwrap();
         p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        std::fs::write(&ca, p.self_signed(&key).unwrap().pem()).unwrap();
+        std::fs::write(&ca, crate::identity::pem_encode(crate::identity::CERTIFICATE, p.self_signed(&key).unwrap().der())).unwrap();
         let tls = ControlTls::from_ca_file(&ca).unwrap();
         assert!(tls.for_addr("127.0.0.1:7701").unwrap().0.is_some(), "--xds-ca makes bare addresses TLS");
         assert!(tls.for_addr("http://127.0.0.1:7701").unwrap().0.is_none(), "an explicit http:// stays plaintext");
