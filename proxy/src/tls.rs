@@ -66,14 +66,7 @@ impl Credentials {
     /// From PEM: the leaf (and any intermediates after it), its PKCS#8 key, the mesh root(s).
     pub fn from_pem(chain_pem: &str, key_pem: &str, roots_pem: &str) -> Result<Credentials, String> {
         let (chain, key) = chain_and_key(chain_pem, key_pem)?;
-        let mut roots = RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(roots_pem.as_bytes()) {
-            let cert = cert.map_err(|e| format!("roots: {e}"))?;
-            roots.add(cert).map_err(|e| format!("roots: {e}"))?;
-        }
-        if roots.is_empty() {
-            return Err("roots: no CERTIFICATE block".into());
-        }
+        let roots = roots_from_pem(roots_pem).map_err(|e| format!("roots: {e}"))?;
         Ok(Credentials { chain, key: Arc::new(key), roots: Arc::new(roots), revoked: Revoked::default() })
     }
 
@@ -104,8 +97,20 @@ impl Credentials {
     }
 }
 
+/// The certificates in `pem` as trust anchors; none is an error.
+pub fn roots_from_pem(pem: &str) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        roots.add(cert.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    }
+    if roots.is_empty() {
+        return Err("no CERTIFICATE block".into());
+    }
+    Ok(roots)
+}
+
 /// A certificate chain (leaf first) and its key, from PEM.
-fn chain_and_key(chain_pem: &str, key_pem: &str) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+pub fn chain_and_key(chain_pem: &str, key_pem: &str) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
         .collect::<Result<_, _>>()
         .map_err(|e| format!("certificate chain: {e}"))?;
@@ -199,25 +204,22 @@ pub fn terminate_config(chain_pem: &str, key_pem: &str) -> Result<Arc<rustls::Se
 /// A client for a server outside the mesh: webpki's checks against `roots` (the system's when
 /// `None`), the server name checked too; ALPN `alpn`.
 pub fn simple_client_config(roots_pem: Option<&str>, alpn: &[u8]) -> Result<Arc<rustls::ClientConfig>, String> {
-    let mut roots = RootCertStore::empty();
-    match roots_pem {
-        Some(pem) => {
-            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                roots.add(cert.map_err(|e| format!("roots: {e}"))?).map_err(|e| format!("roots: {e}"))?;
-            }
-        }
+    let roots = match roots_pem {
+        Some(pem) => roots_from_pem(pem).map_err(|e| format!("roots: {e}"))?,
         None => {
             let found = rustls_native_certs::load_native_certs();
             if found.certs.is_empty() {
                 let why = found.errors.first().map_or(String::new(), |e| format!(": {e}"));
                 return Err(format!("no system root certificates found{why}; give ca_file"));
             }
+            let mut roots = RootCertStore::empty();
             roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err("roots: no usable system root certificate; give ca_file".into());
+            }
+            roots
         }
-    }
-    if roots.is_empty() {
-        return Err("roots: no CERTIFICATE block".into());
-    }
+    };
     let mut cfg = rustls::ClientConfig::builder_with_provider(crypto_provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, RootCertStore};
 use weft_proxy::identity::crypto_provider;
 use weft_proxy::stream::Stream;
@@ -83,20 +82,12 @@ impl Dialer {
     }
 }
 
-/// The name a node at `addr` (`host:port`, `[v6]:port`) must hold: its host, a DNS name or an
-/// IP address.
-pub fn server_name(addr: &str) -> Result<ServerName<'static>, String> {
-    let host = match addr.rsplit_once(':') {
-        Some((h, p)) if p.parse::<u16>().is_ok() => h,
-        _ => addr,
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    ServerName::try_from(host.to_string()).map_err(|e| format!("{host:?} is not a DNS name or IP address: {e}"))
-}
+pub use weft_proxy::xds::dial::server_name;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::pki_types::ServerName;
 
     #[test]
     fn names_from_addresses() {

@@ -23,10 +23,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use rustls::server::WebPkiClientVerifier;
 use rustls::sign::CertifiedKey;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::ServerConfig;
 use weft_proxy::identity::crypto_provider;
 
 use crate::ca::MeshCa;
@@ -116,27 +115,14 @@ struct Loaded {
 
 /// A chain (leaf first) and its key, from PEM, checked to belong together.
 fn load(chain_pem: &str, key_pem: &str) -> Result<Loaded, String> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("certificate: {e}"))?;
-    let Some(leaf) = chain.first() else { return Err("certificate: no CERTIFICATE block".into()) };
-    let (not_before, not_after) = weft_proxy::tls::validity(leaf).map_err(|e| format!("certificate: {e}"))?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| format!("key: not a PEM private key: {e}"))?;
+    let (chain, key) = weft_proxy::tls::chain_and_key(chain_pem, key_pem)?;
+    let (not_before, not_after) = weft_proxy::tls::validity(&chain[0]).map_err(|e| format!("certificate: {e}"))?;
     let key = CertifiedKey::from_der(chain, key, &crypto_provider()).map_err(|e| format!("key: {e}"))?;
     Ok(Loaded { key, not_before, not_after })
 }
 
 /// PEM roots into a store; an empty one is an error.
-pub fn roots(pem: &str) -> Result<RootCertStore, String> {
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-        roots.add(cert.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
-    }
-    if roots.is_empty() {
-        return Err("no CERTIFICATE block".into());
-    }
-    Ok(roots)
-}
+pub use weft_proxy::tls::roots_from_pem as roots;
 
 impl CertSource {
     fn load(&self) -> Result<Loaded, String> {

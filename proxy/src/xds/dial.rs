@@ -67,6 +67,17 @@ pub fn causes(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// The name a server at `addr` (`host:port`, `[v6]:port`) must hold: its host, a DNS name or
+/// an IP address.
+pub fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+    let host = match addr.rsplit_once(':') {
+        Some((h, p)) if p.parse::<u16>().is_ok() => h,
+        _ => addr,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| format!("{host:?} is not a DNS name or IP address: {e}"))
+}
+
 /// TCP, then the TLS handshake with the node checked by name.
 #[derive(Clone)]
 struct TlsConnector {
@@ -86,13 +97,7 @@ impl tower_service::Service<Uri> for TlsConnector {
     fn call(&mut self, _: Uri) -> Self::Future {
         let (cfg, hostport) = (self.cfg.clone(), self.hostport.clone());
         Box::pin(async move {
-            let host = match hostport.rsplit_once(':') {
-                Some((h, p)) if p.parse::<u16>().is_ok() => h,
-                _ => hostport.as_str(),
-            };
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            let name = rustls::pki_types::ServerName::try_from(host.to_string())
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{host:?}: {e}")))?;
+            let name = server_name(&hostport).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
             let tcp = tokio::net::TcpStream::connect(&hostport).await?;
             let _ = tcp.set_nodelay(true);
             let tls = tokio_rustls::TlsConnector::from(cfg).connect(name, tcp).await?;
