@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the compose mesh's images without an image registry (see deploy/Dockerfile):
 #
-#   weft:local             weft-control, weftctl, weft-proxy, weft-model-sim (release builds)
+#   weft:local             weft-control, weftctl, weft-proxy, weft-model-sim, weft-k8s (release builds)
 #   weft-tools:local       weft:local + bash, curl, sleep + deploy/loadgen.sh, deploy/setup.sh
 #   weft-prometheus:local  Debian's prometheus binary and its classic web UI
 #
@@ -23,7 +23,7 @@ BASE=${WEFT_BASE:-scratch}
 RUNTIME=${WEFT_RUNTIME:-host}
 CTX=$ROOT/target/docker
 BIN=$ROOT/target/release
-WEFT_BINS=(weft-control weftctl weft-proxy weft-model-sim) # not `weft` (demo): the mesh does not run it
+WEFT_BINS=(weft-control weftctl weft-proxy weft-model-sim weft-k8s) # not `weft` (demo): the mesh does not run it
 
 say() { echo "build-images: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -38,12 +38,12 @@ for a in "$@"; do
 done
 for b in "${WEFT_BINS[@]}"; do [ -x "$BIN/$b" ] || cargo_build=1; done
 if [ "$cargo_build" = 1 ]; then
-  say "cargo build --release -p weft-control -p weft-proxy --bin weft-control --bin weftctl --bin weft-proxy --bin weft-model-sim"
-  cargo build --release -p weft-control -p weft-proxy --bin weft-control --bin weftctl --bin weft-proxy --bin weft-model-sim
+  say "cargo build --release -p weft-control -p weft-proxy -p weft-k8s --bin weft-control --bin weftctl --bin weft-proxy --bin weft-model-sim --bin weft-k8s"
+  cargo build --release -p weft-control -p weft-proxy -p weft-k8s --bin weft-control --bin weftctl --bin weft-proxy --bin weft-model-sim --bin weft-k8s
 else
   # A source of a binary's crates newer than the binary: the images would get old code.
   for b in "${WEFT_BINS[@]}"; do
-    case $b in weft-proxy|weft-model-sim) srcs=(proxy/src xds) ;; *) srcs=(control/src proxy/src xds) ;; esac
+    case $b in weft-proxy|weft-model-sim) srcs=(proxy/src xds) ;; weft-k8s) srcs=(k8s/src control/src proxy/src xds) ;; *) srcs=(control/src proxy/src xds) ;; esac
     newer=$(find "${srcs[@]}" \( -name '*.rs' -o -name '*.proto' \) -newer "$BIN/$b" -print -quit 2>/dev/null || true)
     if [ -n "$newer" ]; then
       say "warning: $newer changed after target/release/$b was built; the images get the binaries as they are (--cargo rebuilds them first)"

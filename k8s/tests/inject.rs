@@ -3,8 +3,9 @@
 //! patched pod is checked field by field, by weft-proxy's own config compiler (the bootstrap),
 //! and by `kubernetes-validate --strict` against the Kubernetes 1.34 schema.
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::Value;
@@ -82,7 +83,7 @@ fn a_deployments_pod_gets_a_native_sidecar_in_front_of_its_model_port() {
     assert_eq!(arg_after(&proxy, "--register-variant").as_deref(), Some("a"));
     assert_eq!(arg_after(&proxy, "--register-label").as_deref(), Some("model=ranker-v3"));
     assert_eq!(arg_after(&proxy, "--register-address").as_deref(), Some("$(POD_IP):15006"));
-    assert_eq!(arg_after(&proxy, "--xds").as_deref(), Some("weft-control.weft-system.svc:7001"));
+    assert_eq!(arg_after(&proxy, "--xds").as_deref(), Some("weft-control.weft-system.svc:7701"));
     assert!(arg_after(&proxy, "--xds-ca").is_none(), "no CA configured, plaintext xDS");
     let sc = proxy.security_context.as_ref().unwrap();
     assert_eq!((sc.run_as_non_root, sc.read_only_root_filesystem), (Some(true), Some(true)));
@@ -185,10 +186,8 @@ fn a_mesh_ca_is_mounted_and_xds_goes_over_tls() {
 }
 
 /// `kubernetes-validate --strict` on a patched pod, as the API server's schema would check it.
-/// .ci/run installs it; a machine without it skips this part, saying so.
-pub fn validate(name: &str, pod: &Value) {
-    if Command::new("kubernetes-validate").arg("--version").output().is_err() {
-        eprintln!("SKIP kubernetes-validate: not installed (pip install kubernetes-validate)");
+fn validate(name: &str, pod: &Value) {
+    if !common::have_validator() {
         return;
     }
     // A ReplicaSet's pod reaches admission with only a generateName; the API server names it
@@ -200,7 +199,5 @@ pub fn validate(name: &str, pod: &Value) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join(format!("{name}.json"));
     std::fs::write(&file, serde_json::to_vec_pretty(&pod).unwrap()).unwrap();
-    let out = Command::new("kubernetes-validate").args(["--strict", "-k", "1.34.0"]).arg(&file).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && !text.contains("ERROR"), "kubernetes-validate refuses {name}:\n{text}");
+    common::validate_files(&[&file]);
 }

@@ -258,7 +258,7 @@ impl Default for Listener {
 
 /// A service: the hosts it answers to and its ordered routes (first match wins).
 /// Maps onto an xDS RouteConfiguration with one virtual host.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Service {
     pub name: String,
@@ -269,7 +269,7 @@ pub struct Service {
     pub routes: Vec<Route>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Route {
     pub name: String,
@@ -289,7 +289,7 @@ pub struct Route {
     pub retry: Option<RetryPolicy>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RouteMatch {
     pub path_exact: Option<String>,
@@ -299,7 +299,7 @@ pub struct RouteMatch {
     pub model: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HeaderMatch {
     pub name: String,
@@ -307,7 +307,7 @@ pub struct HeaderMatch {
     pub exact: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryPolicy {
     /// Total tries including the first.
@@ -339,7 +339,7 @@ impl Default for RetryPolicy {
 }
 
 /// An A/B experiment: how requests of a route are split between model variants.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Experiment {
     pub name: String,
@@ -370,7 +370,7 @@ impl Default for Experiment {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Variant {
     pub name: String,
@@ -386,14 +386,14 @@ pub struct Variant {
 }
 
 /// Per-stratum weights: requests whose `header` value is a key here use those weights.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Stratify {
     pub header: String,
     pub weights: BTreeMap<String, BTreeMap<String, u32>>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Shadow {
     pub cluster: String,

@@ -86,6 +86,32 @@ impl Serialize for Dur {
     }
 }
 
+/// In a CRD schema (weft-k8s): a string such as "250ms" or "2s", or the number 0 (= off), as
+/// [`Deserialize`] accepts.
+impl schemars::JsonSchema for Dur {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "a duration with a unit (\"250ms\", \"2s\", \"5m\"), or 0 = off",
+            "x-kubernetes-int-or-string": true,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            // Checked by the API server already, so a bad value never reaches a watcher
+            // (which would fail to decode the whole list): strings as `parse` takes them,
+            // numbers only 0.
+            "pattern": "^\\s*(0|[0-9]*\\.?[0-9]+(ns|us|µs|ms|s|m|h))\\s*$",
+            "minimum": 0,
+            "maximum": 0
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]

@@ -8,7 +8,7 @@ use super::VariantConfig;
 use super::cost::Pool;
 
 /// Which policy decides.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyKind {
     /// Knative's KPA on the observed demand.
@@ -31,7 +31,7 @@ impl PolicyKind {
 }
 
 /// The spot pool a variant may use: what a GPU-hour costs there and how often one is taken back.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SpotSpec {
     pub price_per_hour: f64,
@@ -39,7 +39,7 @@ pub struct SpotSpec {
 }
 
 /// A monthly spending cap shared by every autoscaler that names it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetSpec {
     pub name: String,
@@ -51,7 +51,7 @@ pub struct BudgetSpec {
 /// What one replica of the variant needs, so the scheduler can place the decided replicas on
 /// the GPU inventory (`placements/<autoscaler>-od-N` and `-spot-N`, pushed over xDS as
 /// `weft.v1.Placement`). Without it the decision is only pushed, for an outside orchestrator.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplicaTemplate {
     /// Replicas of variants of one base on one GPU share a single copy of its weights.
@@ -78,7 +78,7 @@ pub struct ReplicaTemplate {
 }
 
 /// An autoscaler for one variant.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AutoscalerSpec {
     /// The resource's name (the API fills it in from the URL).

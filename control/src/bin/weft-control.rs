@@ -37,6 +37,11 @@ struct Args {
     /// Join the cluster of this member (host:port of its API), as a voter.
     #[arg(long, conflicts_with = "init")]
     join: Option<String>,
+    /// On Kubernetes: this StatefulSet pod's index (the downward API's
+    /// `apps.kubernetes.io/pod-index` label). The node id becomes index + 1; pod 0 bootstraps
+    /// the cluster (as --init) and ignores --join, the others --join (pod 0's API address).
+    #[arg(long, conflicts_with_all = ["init", "id"])]
+    pod_index: Option<u64>,
     /// YAML file of bearer tokens with roles; absent = no authentication (loopback demos only).
     #[arg(long)]
     tokens: Option<PathBuf>,
@@ -164,7 +169,7 @@ fn tls_settings(args: &Args) -> anyhow::Result<Option<weft_control::tls::Setting
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
     weft_proxy::logging::init(tracing_subscriber::EnvFilter::new(&args.log));
     let tokens = match &args.tokens {
         Some(p) => Tokens::load(p).map_err(|e| anyhow::anyhow!("--tokens {e}"))?,
@@ -174,6 +179,15 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let tls = tls_settings(&args)?;
+    if let Some(i) = args.pod_index {
+        args.id = i + 1;
+        if i == 0 {
+            args.init = true;
+            args.join = None;
+        } else if args.join.is_none() {
+            anyhow::bail!("--pod-index {i}: every pod after the first needs --join (pod 0's API address)");
+        }
+    }
     let mut opts = Options::new(args.id, args.listen, args.xds_listen, args.data_dir);
     opts.advertise = args.advertise;
     opts.xds_advertise = args.xds_advertise;

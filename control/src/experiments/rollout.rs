@@ -17,7 +17,7 @@ use super::judge::{ArmCounts, Judgement, Rollout, Tests, Verdict, judge};
 use super::sequential::Msprt;
 
 /// What a user writes (`rollouts/<experiment name>`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutSpec {
     /// The experiment's name (the API fills it in from the URL).

@@ -13,7 +13,7 @@ use super::checkpoint::Manifest;
 use super::layout::{LayoutSpec, RankLayout, plan};
 
 /// The model layout knobs of a job (the worker count comes from the job).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     #[serde(default = "one")]
@@ -58,7 +58,7 @@ impl Default for ModelSpec {
 }
 
 /// `trainingjobs/<job>`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     #[serde(default, skip_serializing_if = "String::is_empty")]

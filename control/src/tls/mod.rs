@@ -155,8 +155,32 @@ pub struct ControlTls {
     pub xds: Arc<ServerConfig>,
     /// How this node calls its peers' API ports.
     pub dialer: dial::Dialer,
+    pub serving: Arc<Serving>,
+}
+
+/// A serving certificate and where it comes from, kept fresh by [`Serving::keep_fresh`]. The
+/// control plane's ports use it, and so does any other weft server that takes a certificate
+/// from files (weft-k8s's admission webhook, whose certificate cert-manager rotates).
+pub struct Serving {
     pub current: Arc<Current>,
     source: CertSource,
+}
+
+impl Serving {
+    /// Loads (or issues) the certificate now; `what` names the flags in the error.
+    pub fn new(source: CertSource, what: &str) -> Result<Arc<Serving>, String> {
+        let current = Arc::new(Current::new(source.load().map_err(|e| format!("{what}: {e}"))?));
+        Ok(Arc::new(Serving { current, source }))
+    }
+
+    /// A server configuration resolving this certificate per handshake, with no client
+    /// certificates asked for.
+    pub fn server_config(&self, alpn: &[&[u8]]) -> Result<Arc<ServerConfig>, String> {
+        let b = ServerConfig::builder_with_provider(crypto_provider()).with_safe_default_protocol_versions().map_err(|e| e.to_string())?;
+        let mut cfg = b.with_no_client_auth().with_cert_resolver(self.current.clone());
+        cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Ok(Arc::new(cfg))
+    }
 }
 
 impl ControlTls {
@@ -167,7 +191,8 @@ impl ControlTls {
             CertSource::Files { .. } => "--tls-cert/--tls-key",
             CertSource::Issued { .. } => "--tls-from-ca",
         };
-        let current = Arc::new(Current::new(s.source.load().map_err(|e| format!("{what}: {e}"))?));
+        let serving = Serving::new(s.source.clone(), what)?;
+        let current = serving.current.clone();
         let client_roots = s.client_roots_pem.as_deref().map(roots).transpose().map_err(|e| format!("--tls-client-ca: {e}"))?.map(Arc::new);
         let server = |alpn: &[u8], required: bool| -> Result<Arc<ServerConfig>, String> {
             let b = ServerConfig::builder_with_provider(crypto_provider()).with_safe_default_protocol_versions().map_err(|e| e.to_string())?;
@@ -187,9 +212,16 @@ impl ControlTls {
         let xds = server(b"h2", false)?;
         let peer_roots = roots(&s.peer_roots_pem).map_err(|e| format!("--tls-ca: {e}"))?;
         let dialer = dial::Dialer::tls(peer_roots, Some(current.clone()))?;
-        Ok(ControlTls { api, xds, dialer, current, source: s.source.clone() })
+        Ok(ControlTls { api, xds, dialer, serving })
     }
 
+    /// See [`Serving::keep_fresh`].
+    pub async fn keep_fresh(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        self.serving.clone().keep_fresh(stop).await
+    }
+}
+
+impl Serving {
     /// Keeps the serving certificate fresh until `stop`: files reread when they change (a bad
     /// pair is logged and the old one keeps serving), an issued one reissued two thirds
     /// through its life.

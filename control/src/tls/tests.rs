@@ -84,16 +84,16 @@ async fn changed_files_are_served_without_a_restart_and_bad_ones_are_not() {
     write(&ca.serving_cert(&names, SystemTime::now(), Duration::from_secs(3600)).unwrap());
     let s = Settings { source: CertSource::Files { cert: cert.clone(), key: key.clone() }, ..issued(&ca, None) };
     let tls = Arc::new(ControlTls::new(&s).unwrap());
-    let first = tls.current.not_after();
+    let first = tls.serving.current.not_after();
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(tls.clone().keep_fresh(stop));
     // A garbage pair is logged and the old certificate keeps serving.
     std::fs::write(&key, "garbage").unwrap();
     tokio::time::sleep(CHECK_EVERY + Duration::from_secs(1)).await;
-    assert_eq!(tls.current.not_after(), first);
+    assert_eq!(tls.serving.current.not_after(), first);
     write(&ca.serving_cert(&names, SystemTime::now(), Duration::from_secs(7200)).unwrap());
     tokio::time::sleep(CHECK_EVERY + Duration::from_secs(1)).await;
-    assert!(tls.current.not_after() > first + Duration::from_secs(3000), "the new certificate serves");
+    assert!(tls.serving.current.not_after() > first + Duration::from_secs(3000), "the new certificate serves");
     let addr = serve(&tls).await;
     assert_eq!(get(&Dialer::tls(roots(ca.cert_pem()).unwrap(), None).unwrap(), addr).await.unwrap(), "hello");
 }

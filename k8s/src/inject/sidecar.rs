@@ -53,7 +53,7 @@ impl Default for Settings {
         Settings {
             image: "weft:latest".into(),
             image_pull_policy: "IfNotPresent".into(),
-            xds: vec!["weft-control.weft-system.svc:7001".into()],
+            xds: vec!["weft-control.weft-system.svc:7701".into()],
             xds_ca_config_map: None,
             outbound_port: 15001,
             inbound_port: 15006,

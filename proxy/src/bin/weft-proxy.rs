@@ -8,8 +8,12 @@ use std::time::Duration;
 #[command(version, about = "weft sidecar proxy: A/B routing, shadowing, retries, circuit breaking, telemetry")]
 struct Args {
     /// YAML bootstrap (see examples/proxy.yaml). Reloaded on SIGHUP and when it changes.
-    #[arg(long, short)]
-    config: PathBuf,
+    #[arg(long, short, required_unless_present = "config_env", conflicts_with = "config_env")]
+    config: Option<PathBuf>,
+    /// Read the YAML bootstrap from this environment variable instead of a file (how the
+    /// Kubernetes injector hands it over: no ConfigMap per pod). Not reloaded.
+    #[arg(long, value_name = "VAR")]
+    config_env: Option<String>,
     /// Worker threads, each with its own runtime and sockets (SO_REUSEPORT).
     #[arg(long, default_value_t = 1)]
     workers: usize,
@@ -47,6 +51,10 @@ struct Args {
     /// The experiment variant it serves.
     #[arg(long, default_value = "")]
     register_variant: String,
+    /// A label on the registered endpoint, `key=value` (repeatable), e.g. `model=ranker-v3`;
+    /// beside the node's team/project/run_id/job_type.
+    #[arg(long, value_name = "KEY=VALUE")]
+    register_label: Vec<String>,
     /// Heartbeat and load-report period, e.g. "1s".
     #[arg(long, default_value = "1s")]
     report_interval: String,
@@ -71,6 +79,7 @@ fn registration(
     cluster: &str,
     address: Option<&str>,
     variant: &str,
+    extra: &[String],
 ) -> Result<weft_xds::resources::v1::Registration, String> {
     let address = match address {
         Some(a) => a.to_owned(),
@@ -85,11 +94,18 @@ fn registration(
         return Err(format!("--register-address: {address:?} has no fixed port; other sidecars could not reach it"));
     }
     let n = &cfg.node;
-    let labels = [("team", &n.team), ("project", &n.project), ("run_id", &n.run_id), ("job_type", &n.job_type)]
-        .into_iter()
-        .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect();
+    let mut labels: std::collections::HashMap<String, String> =
+        [("team", &n.team), ("project", &n.project), ("run_id", &n.run_id), ("job_type", &n.job_type)]
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+    for kv in extra {
+        match kv.split_once('=') {
+            Some((k, v)) if !k.is_empty() => labels.insert(k.to_string(), v.to_string()),
+            _ => return Err(format!("--register-label: {kv:?} is not KEY=VALUE")),
+        };
+    }
     Ok(weft_xds::resources::v1::Registration { cluster: cluster.to_owned(), address, variant: variant.to_owned(), labels })
 }
 
@@ -100,8 +116,21 @@ fn run(args: Args) -> Result<(), String> {
     if args.workers == 0 || args.workers > 256 {
         return Err(format!("--workers: {} is not in 1..=256", args.workers));
     }
-    let text = std::fs::read_to_string(&args.config).map_err(|e| format!("cannot read {}: {e}", args.config.display()))?;
-    let cfg = weft_proxy::Config::from_yaml(&text).map_err(|e| format!("{}: {e}", args.config.display()))?;
+    // The bootstrap, and what it is called in errors: the file, or the environment variable.
+    let (source, text) = match (&args.config, &args.config_env) {
+        (Some(p), _) => {
+            let source = p.display().to_string();
+            let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {source}: {e}"))?;
+            (source, text)
+        }
+        (None, Some(var)) => {
+            let source = format!("--config-env {var}");
+            let text = std::env::var(var).map_err(|e| format!("{source}: {e}"))?;
+            (source, text)
+        }
+        (None, None) => return Err("--config FILE or --config-env VAR is required".into()),
+    };
+    let cfg = weft_proxy::Config::from_yaml(&text).map_err(|e| format!("{source}: {e}"))?;
     let report_interval = dur("report-interval", &args.report_interval)?;
     if report_interval.is_zero() {
         return Err("--report-interval: must be above zero".into());
@@ -109,7 +138,7 @@ fn run(args: Args) -> Result<(), String> {
     let registration = match &args.register_cluster {
         None => None,
         Some(_) if args.xds.is_empty() => return Err("--register-cluster: only meaningful with --xds".into()),
-        Some(cluster) => Some(registration(&cfg, cluster, args.register_address.as_deref(), &args.register_variant)?),
+        Some(cluster) => Some(registration(&cfg, cluster, args.register_address.as_deref(), &args.register_variant, &args.register_label)?),
     };
     let tls = match &args.xds_ca {
         Some(_) if args.xds.is_empty() => return Err("--xds-ca: only meaningful with --xds".into()),
@@ -131,13 +160,13 @@ fn run(args: Args) -> Result<(), String> {
         workers: args.workers,
         // With xDS the control plane owns the dynamic config; reloading the bootstrap would
         // swap the pushed services and clusters out.
-        config_path: if xds.is_some() { None } else { Some(args.config.clone()) },
+        config_path: if xds.is_some() { None } else { args.config.clone() },
         // A zero interval would spin; "0" means SIGHUP only.
         watch_interval: if watch.is_zero() { Duration::from_secs(86400 * 365) } else { watch },
         signals: true,
         xds,
     };
-    let proxy = weft_proxy::Proxy::start(cfg, opts).map_err(|e| format!("{}: {e}", args.config.display()))?;
+    let proxy = weft_proxy::Proxy::start(cfg, opts).map_err(|e| format!("{source}: {e}"))?;
     for (l, a) in proxy.shared.snapshot.load().config.listeners.iter().zip(&proxy.listener_addrs) {
         tracing::info!(listener = %l.name, address = %a, direction = ?l.direction, "listening");
     }
