@@ -9,6 +9,10 @@
 //! [`to_weft`] maps a custom resource to the weft kind, name and spec [`crate::sync`] writes
 //! through weft-control's REST API. Pure: no IO.
 
+// Each printer column is its own `#[kube(printcolumn(...))]`, so `type_ = "string"` repeats:
+// clippy reads that as a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{CustomResource, CustomResourceExt, Resource};
 use schemars::JsonSchema;

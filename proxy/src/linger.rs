@@ -80,6 +80,14 @@ pub async fn close(tcp: &TcpStream) {
     std::future::poll_fn(|cx| poll_drop_input(tcp, until.as_mut(), cx)).await;
 }
 
+/// Write `answer` (bounded by a second) and close lingering: the refusals sent to a client
+/// that spoke plaintext to a TLS port, before the request it is still sending was read.
+pub async fn answer_and_close(tcp: &mut TcpStream, answer: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(answer)).await;
+    close(tcp).await;
+}
+
 /// Read and drop what the client sends until its EOF, an error, or `until`.
 fn poll_drop_input(tcp: &TcpStream, until: Pin<&mut tokio::time::Sleep>, cx: &mut Context<'_>) -> Poll<()> {
     let mut scratch = [0u8; 16 * 1024];

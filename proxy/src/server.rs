@@ -345,17 +345,11 @@ async fn downstream(
 /// HTTPS port (an HTTP/1.1 400 that says why, which a person with curl can read), counted and
 /// logged, and closed.
 async fn refuse_plaintext(mut tcp: TcpStream, listener: &Arc<str>, mode: &str, stats: &crate::mtls::TlsStats) {
-    use tokio::io::AsyncWriteExt;
     stats.handshake("server", Err("plaintext"));
     let peer = tcp.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
     tracing::warn!(listener = &**listener, peer, mode, "plaintext connection refused: this listener requires TLS");
     let body = format!("plaintext request on listener {listener:?}, which requires {} (tls mode {mode})\n", if mode == "strict" { "mutual TLS" } else { "TLS" });
-    let resp = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\nx-weft-error: tls_required\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(resp.as_bytes())).await;
-    let _ = tcp.shutdown().await;
+    crate::linger::answer_and_close(&mut tcp, crate::tls::tls_required_response(&body).as_bytes()).await;
 }
 
 /// A TLS connection: the handshake (what was already read is its start), the peer's identity,

@@ -84,7 +84,8 @@ async fn handshake(acceptor: &tokio_rustls::TlsAcceptor, mut tcp: TcpStream, por
     match tcp.peek(&mut first).await {
         Ok(0) | Err(_) => return Err("closed before the handshake".into()),
         Ok(_) if first[0] != TLS_HANDSHAKE => {
-            if port == "api" {
+            // xDS clients speak gRPC (HTTP/2): an HTTP/1.1 answer would mean nothing to them.
+            if port != "xds" {
                 refuse_plaintext(&mut tcp).await;
             }
             return Err("plaintext: this port takes TLS only".into());
@@ -97,16 +98,11 @@ async fn handshake(acceptor: &tokio_rustls::TlsAcceptor, mut tcp: TcpStream, por
     })
 }
 
-/// An HTTP/1.1 400 a person with curl can read, then close.
+/// An HTTP/1.1 400 a person with curl can read, then a lingering close (so the answer is not
+/// lost to a reset while the request is still unread).
 async fn refuse_plaintext(tcp: &mut TcpStream) {
-    use tokio::io::AsyncWriteExt;
-    let body = "this weft-control port takes TLS only: use https:// (weftctl --ca FILE trusts the mesh root)\n";
-    let resp = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\nx-weft-error: tls_required\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(resp.as_bytes())).await;
-    let _ = tcp.shutdown().await;
+    let body = "this port takes TLS only: use https:// (weftctl --ca FILE trusts the mesh root)\n";
+    weft_proxy::linger::answer_and_close(tcp, weft_proxy::tls::tls_required_response(body).as_bytes()).await;
 }
 
 impl Accepted {

@@ -233,7 +233,8 @@ mod tests {
 
     #[test]
     fn each_bad_value_names_its_annotation_and_value() {
-        let cases: [(&[(&str, &str)], &str, &str); 8] = [
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+        let cases: [Case; 8] = [
             (&[(PORT, "0")], PORT, "0"),
             (&[(PORT, "70000")], PORT, "70000"),
             (&[(PORT, "grpc")], PORT, "grpc"),

@@ -94,7 +94,7 @@ fn registration(
         return Err(format!("--register-address: {address:?} has no fixed port; other sidecars could not reach it"));
     }
     let n = &cfg.node;
-    let mut labels: std::collections::HashMap<String, String> =
+    let mut labels: std::collections::BTreeMap<String, String> =
         [("team", &n.team), ("project", &n.project), ("run_id", &n.run_id), ("job_type", &n.job_type)]
             .into_iter()
             .filter(|(_, v)| !v.is_empty())
