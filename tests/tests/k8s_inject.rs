@@ -145,3 +145,32 @@ async fn an_injected_sidecar_starts_serves_and_registers() {
     assert_eq!(reg["labels"]["model"], "ranker-v3");
     assert_eq!(reg["labels"]["team"], "models", "the namespace, from the bootstrap's node");
 }
+
+/// The flags the injected containers and the StatefulSet use refuse bad values by name.
+#[test]
+fn the_kubernetes_flags_name_what_is_wrong() {
+    let run = |bin: &str, args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(workspace_bin(bin)).args(args).envs(env.iter().copied()).stdin(Stdio::null()).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run("weft-proxy", &[], &[]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("--config") && err.contains("--config-env"), "{err}");
+    let (code, err) = run("weft-proxy", &["--config-env", "WEFT_TEST_NO_SUCH_VAR"], &[]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--config-env WEFT_TEST_NO_SUCH_VAR"), "{err}");
+    let yaml = "listeners: [{name: in, address: \"127.0.0.1:15006\", direction: inbound}]\n";
+    let (code, err) = run("weft-proxy", &["--config-env", "B", "--config", "x.yaml"], &[("B", yaml)]);
+    assert_ne!(code, Some(0), "both at once is refused: {err}");
+    let (code, err) = run(
+        "weft-proxy",
+        &["--config-env", "B", "--xds", "127.0.0.1:1", "--register-cluster", "c", "--register-label", "model"],
+        &[("B", yaml)],
+    );
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--register-label") && err.contains("\"model\""), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err) = run("weft-control", &["--pod-index", "1", "--data-dir", dir.path().to_str().unwrap()], &[]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("--pod-index 1") && err.contains("--join"), "{err}");
+}

@@ -6,13 +6,14 @@ use std::time::Duration;
 
 #[derive(Parser)]
 #[command(version, about = "weft sidecar proxy: A/B routing, shadowing, retries, circuit breaking, telemetry")]
+#[command(group(clap::ArgGroup::new("bootstrap").required(true)))]
 struct Args {
     /// YAML bootstrap (see examples/proxy.yaml). Reloaded on SIGHUP and when it changes.
-    #[arg(long, short, required_unless_present = "config_env", conflicts_with = "config_env")]
+    #[arg(long, short, group = "bootstrap")]
     config: Option<PathBuf>,
     /// Read the YAML bootstrap from this environment variable instead of a file (how the
     /// Kubernetes injector hands it over: no ConfigMap per pod). Not reloaded.
-    #[arg(long, value_name = "VAR")]
+    #[arg(long, value_name = "VAR", group = "bootstrap")]
     config_env: Option<String>,
     /// Worker threads, each with its own runtime and sockets (SO_REUSEPORT).
     #[arg(long, default_value_t = 1)]
