@@ -359,6 +359,15 @@ pub fn failure_reason(e: &rustls::Error) -> &'static str {
     }
 }
 
+/// The HTTP/1.1 `400` (header `x-weft-error: tls_required`) a plaintext client of a TLS-only
+/// port gets, with `body` saying what to do instead, so a person with curl can read it.
+pub fn tls_required_response(body: &str) -> String {
+    format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\nx-weft-error: tls_required\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,13 +450,4 @@ mod tests {
         assert_eq!(server.alpn_protocol(), Some(&b"h2"[..]));
         assert_eq!(server.peer_certificates().and_then(peer_id).map(|i| i.to_string()).as_deref(), Some(client_id));
     }
-}
-
-/// The HTTP/1.1 `400` (header `x-weft-error: tls_required`) a plaintext client of a TLS-only
-/// port gets, with `body` saying what to do instead, so a person with curl can read it.
-pub fn tls_required_response(body: &str) -> String {
-    format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\nx-weft-error: tls_required\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
 }
