@@ -106,12 +106,19 @@ fn a_deployments_pod_gets_a_native_sidecar_in_front_of_its_model_port() {
 
 #[test]
 fn an_existing_init_container_runs_after_the_sidecar_and_the_redirect_step() {
+    // weft.dev/redirect: iptables needs an image with iptables; without one the pod is denied.
     let out = run(&Settings::default(), &fixture("with-init-container.json"));
+    assert_eq!(out.response["allowed"], false);
+    let msg = out.response["status"]["message"].as_str().unwrap();
+    assert!(msg.contains("weft.dev/redirect") && msg.contains("--redirect-image"), "{msg}");
+    let settings = Settings { redirect_image: Some("registry.example.com/iptables:1.8".into()), ..Settings::default() };
+    let out = run(&settings, &fixture("with-init-container.json"));
     let patched = pod(out.patched.as_ref().expect("a patch"));
     assert_eq!(init_names(&patched), ["weft-redirect", "weft-proxy", "fetch-weights"]);
     let init = patched.spec.as_ref().unwrap().init_containers.as_ref().unwrap();
     let redirect = init[0].command.as_ref().unwrap().join(" ");
     assert!(redirect.ends_with("PREROUTING -p tcp --dport 8000 -j REDIRECT --to-ports 15006"), "{redirect}");
+    assert_eq!(init[0].image.as_deref(), Some("registry.example.com/iptables:1.8"));
     assert_eq!(init[2].image.as_deref(), Some("registry.example.com/fetch:1.2"), "the pod's own step is kept");
     let res = proxy_of(&patched).resources.unwrap();
     let req = res.requests.unwrap();

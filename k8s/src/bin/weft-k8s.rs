@@ -63,6 +63,10 @@ struct InjectArgs {
     image: String,
     #[arg(long, default_value = "IfNotPresent")]
     image_pull_policy: String,
+    /// An image with iptables for pods annotated weft.dev/redirect: iptables (their init step);
+    /// without it such pods are denied, saying so.
+    #[arg(long)]
+    redirect_image: Option<String>,
     /// The control plane's xDS addresses the sidecars dial, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "weft-control.weft-system.svc:7701")]
     xds: Vec<String>,
@@ -98,6 +102,7 @@ fn inject(a: InjectArgs) -> Result<(), String> {
     let settings = Settings {
         image: a.image,
         image_pull_policy: a.image_pull_policy,
+        redirect_image: a.redirect_image,
         xds: a.xds,
         xds_ca_config_map: a.xds_ca_config_map,
         default_cpu: a.proxy_cpu,

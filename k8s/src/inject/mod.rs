@@ -102,6 +102,12 @@ pub fn decide(settings: &Settings, req: &AdmissionRequest<Pod>) -> Decision {
         Ok(r) => r,
         Err(e) => return Decision::Denied(format!("weft sidecar injection: {e}")),
     };
+    if request.redirect == annotations::Redirect::Iptables && settings.redirect_image.is_none() {
+        return Decision::Denied(format!(
+            "weft sidecar injection: annotation {}: \"iptables\" needs an injector started with --redirect-image (an image with iptables); this one has none: use \"port\" or ask your mesh admin",
+            annotations::REDIRECT
+        ));
+    }
     let namespace = req.namespace.as_deref().or(pod.metadata.namespace.as_deref()).unwrap_or("default");
     match patch(settings, pod, &request, namespace) {
         Ok(p) => Decision::Patched(p),

@@ -27,9 +27,12 @@ const CA_DIR: &str = "/etc/weft/ca";
 /// What every injected sidecar shares: the injector's flags.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
-    /// The weft image (weft-proxy, and iptables for the redirect step).
+    /// The weft image (weft-proxy).
     pub image: String,
     pub image_pull_policy: String,
+    /// An image with `iptables` for the `weft.dev/redirect: iptables` init step (the weft image
+    /// built by deploy/build-images.sh has none); without it such pods are denied, saying so.
+    pub redirect_image: Option<String>,
     /// The control plane's xDS addresses (`host:port`), e.g. the StatefulSet's pods.
     pub xds: Vec<String>,
     /// A ConfigMap with the mesh root (`ca.crt`): the sidecar then dials xDS over TLS.
@@ -53,6 +56,7 @@ impl Default for Settings {
         Settings {
             image: "weft:latest".into(),
             image_pull_policy: "IfNotPresent".into(),
+            redirect_image: None,
             xds: vec!["weft-control.weft-system.svc:7701".into()],
             xds_ca_config_map: None,
             outbound_port: 15001,
@@ -223,9 +227,10 @@ pub fn ca_volume(s: &Settings) -> Option<Volume> {
 /// loopback, which PREROUTING does not see, so there is no loop, and outbound calls keep
 /// using the explicit outbound port.
 pub fn redirect_container(s: &Settings, r: &Request) -> Option<Container> {
+    let image = s.redirect_image.clone()?;
     (r.redirect == Redirect::Iptables).then(|| Container {
         name: REDIRECT_CONTAINER.into(),
-        image: Some(s.image.clone()),
+        image: Some(image),
         image_pull_policy: Some(s.image_pull_policy.clone()),
         command: Some(
             [
