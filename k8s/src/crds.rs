@@ -14,6 +14,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::core::object::HasSpec;
 use kube::{CustomResource, CustomResourceExt, Resource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -139,13 +140,14 @@ pub fn kind_of(cr_kind: &str) -> Option<Kind> {
 
 /// A custom resource as the weft write it becomes: kind, name (`metadata.name`) and the spec as
 /// weft-control takes it. A spec `name` other than the object's is refused, naming both.
-pub fn to_weft<K>(cr: &K, spec: &impl Serialize) -> Result<(Kind, String, Value), String>
+pub fn to_weft<K>(cr: &K) -> Result<(Kind, String, Value), String>
 where
-    K: Resource<DynamicType = ()>,
+    K: Resource<DynamicType = ()> + HasSpec,
+    K::Spec: Serialize,
 {
     let kind = kind_of(&K::kind(&())).ok_or_else(|| format!("{} is not a weft kind", K::kind(&())))?;
     let name = cr.meta().name.clone().ok_or("the object has no metadata.name")?;
-    let mut spec = serde_json::to_value(spec).map_err(|e| format!("spec: {e}"))?;
+    let mut spec = serde_json::to_value(cr.spec()).map_err(|e| format!("spec: {e}"))?;
     let obj = spec.as_object_mut().ok_or("spec: not an object")?;
     match obj.get("name").and_then(Value::as_str) {
         Some(n) if !n.is_empty() && n != name => {

@@ -81,7 +81,7 @@ where
     K::Spec: Serialize,
 {
     let generation = cr.meta().generation;
-    let (kind, name, spec) = match crds::to_weft(cr, cr.spec()) {
+    let (kind, name, spec) = match crds::to_weft(cr) {
         Ok(w) => w,
         Err(message) => {
             return Ok(SyncStatus { phase: "Refused".into(), message, observed_generation: generation, ..Default::default() });

@@ -123,15 +123,15 @@ fn the_examples_custom_resources_are_weft_writes_the_api_accepts() {
         let (kind, name, spec) = match d["kind"].as_str().unwrap() {
             "Experiment" => {
                 let cr: crds::Experiment = serde_json::from_value(d.clone()).unwrap();
-                crds::to_weft(&cr, &cr.spec).unwrap()
+                crds::to_weft(&cr).unwrap()
             }
             "Route" => {
                 let cr: crds::Route = serde_json::from_value(d.clone()).unwrap();
-                crds::to_weft(&cr, &cr.spec).unwrap()
+                crds::to_weft(&cr).unwrap()
             }
             "Rollout" => {
                 let cr: crds::Rollout = serde_json::from_value(d.clone()).unwrap();
-                crds::to_weft(&cr, &cr.spec).unwrap()
+                crds::to_weft(&cr).unwrap()
             }
             other => panic!("unexpected kind {other}"),
         };
@@ -144,7 +144,7 @@ fn the_examples_custom_resources_are_weft_writes_the_api_accepts() {
 fn a_spec_name_other_than_the_objects_is_refused() {
     let mut cr: crds::Route = serde_json::from_value(docs(&deploy().join("example/mesh.yaml"))[1].clone()).unwrap();
     cr.spec.service.name = "other".into();
-    let e = crds::to_weft(&cr, &cr.spec).unwrap_err();
+    let e = crds::to_weft(&cr).unwrap_err();
     assert!(e.contains("spec.name") && e.contains("\"other\"") && e.contains("\"ranker\""), "{e}");
 }
 

@@ -46,6 +46,7 @@ pub mod retry;
 pub mod route;
 pub mod server;
 pub mod shadow;
+pub mod signals;
 pub mod series;
 pub mod sketch;
 pub mod snapshot;

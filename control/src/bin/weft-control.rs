@@ -208,17 +208,9 @@ fn main() -> anyhow::Result<()> {
     opts.tls = tls;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
         let running = server::start(opts).await?;
-        wait_for_signal().await;
+        weft_proxy::signals::stop_requested().await;
         tracing::info!("shutting down");
         running.shutdown().await
     })
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}

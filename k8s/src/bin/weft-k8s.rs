@@ -117,7 +117,7 @@ fn inject(a: InjectArgs) -> Result<(), String> {
         let (stop_tx, stop) = tokio::sync::watch::channel(false);
         tokio::spawn(serving.keep_fresh(stop.clone()));
         tokio::spawn(async move {
-            stopped().await;
+            weft_proxy::signals::stop_requested().await;
             let _ = stop_tx.send(true);
         });
         tracing::info!(listen = %a.listen, "weft-k8s injector serving {}", weft_k8s::webhook::PATH);
@@ -143,16 +143,7 @@ fn sync(a: SyncArgs) -> Result<(), String> {
         tracing::info!(control = ?a.control, "weft-k8s sync: watching weft.dev resources and meshed EndpointSlices");
         tokio::select! {
             _ = weft_k8s::sync::run(kube, std::sync::Arc::new(weft_k8s::sync::Weft::new(client))) => Ok(()),
-            _ = stopped() => Ok(()),
+            _ = weft_proxy::signals::stop_requested() => Ok(()),
         }
     })
-}
-
-/// SIGTERM (the kubelet stopping the pod) or SIGINT.
-async fn stopped() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }

@@ -46,13 +46,6 @@ pub enum Redirect {
     Iptables,
 }
 
-/// Where the model server listens: a port number, or a container port's name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PortRef {
-    Number(u16),
-    Name(String),
-}
-
 /// A pod's sidecar request, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
@@ -153,20 +146,18 @@ fn model_port(pod: &Pod, annotation: Option<&str>) -> Result<u16, Invalid> {
             .filter(|p| *p > 0)
             .ok_or_else(|| invalid(PORT, "", "is missing, and no container declares a port to default it from"));
     };
-    let parsed = match v.parse::<u16>() {
-        Ok(0) | Err(_) if v.chars().all(|c| c.is_ascii_digit()) => {
-            return Err(invalid(PORT, v, "must be a port number in 1..=65535 or a container port's name"));
-        }
-        Ok(n) => PortRef::Number(n),
-        Err(_) => PortRef::Name(v.to_string()),
-    };
-    match parsed {
-        PortRef::Number(n) => Ok(n),
-        PortRef::Name(name) => ports()
-            .find(|p| p.name.as_deref() == Some(name.as_str()))
-            .and_then(|p| u16::try_from(p.container_port).ok())
-            .ok_or_else(|| invalid(PORT, v, "names no container port of this pod")),
+    // All digits: a port number; anything else: a container port's name.
+    if v.chars().all(|c| c.is_ascii_digit()) {
+        return v
+            .parse::<u16>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| invalid(PORT, v, "must be a port number in 1..=65535 or a container port's name"));
     }
+    ports()
+        .find(|p| p.name.as_deref() == Some(v))
+        .and_then(|p| u16::try_from(p.container_port).ok())
+        .ok_or_else(|| invalid(PORT, v, "names no container port of this pod"))
 }
 
 /// An RFC 1123 label: what weft names (clusters, variants) must be to serve as Kubernetes names.

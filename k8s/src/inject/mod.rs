@@ -16,7 +16,7 @@ pub mod sidecar;
 use json_patch::Patch;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use kube::core::{DynamicObject, Status};
+use kube::core::Status;
 use serde_json::{Value, json};
 
 pub use sidecar::Settings;
@@ -155,9 +155,4 @@ pub fn patch(s: &Settings, pod: &Pod, r: &annotations::Request, namespace: &str)
 /// RFC 6901: `~` and `/` in a JSON Pointer token.
 fn pointer_escape(token: &str) -> String {
     token.replace('~', "~0").replace('/', "~1")
-}
-
-/// A denial as the API server words it back to `kubectl`, for logs and tests.
-pub fn response_of(body: &[u8]) -> Option<AdmissionReview<DynamicObject>> {
-    serde_json::from_slice(body).ok()
 }

@@ -73,11 +73,7 @@ fn main() {
             }
         };
         eprintln!("weft-model-sim: serving model {model:?} on http://{}", sim.addr);
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
+        weft_proxy::signals::stop_requested().await;
         0
     });
     std::process::exit(code);

@@ -189,11 +189,5 @@ fn run(args: Args) -> Result<(), String> {
 /// Block until SIGTERM or SIGINT.
 fn wait_for_stop() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    });
+    rt.block_on(weft_proxy::signals::stop_requested());
 }
