@@ -9,6 +9,8 @@
 //! - `server`: a running node (listeners, Raft, publisher, join); the binary wraps it.
 //! - `reports`: sidecar registrations, heartbeats (→ fault detection) and load reports.
 //! - `fault`: phi-accrual failure detection over sidecar heartbeats.
+//! - `launch`: how a node agent starts a replica (carried by replica workloads and placements).
+//! - `nodes`: what node agents report (`nodestatuses`): GPUs, replicas and their state, weight holders.
 
 pub mod api;
 pub mod autoscaler;
@@ -19,8 +21,10 @@ pub mod envoy;
 pub mod experiments;
 pub mod fault;
 pub mod identity;
+pub mod launch;
 pub mod leader_loop;
 pub mod metrics;
+pub mod nodes;
 pub mod placements;
 pub mod publish;
 pub mod reports;

@@ -161,10 +161,10 @@ pub fn decide(scheduler: &mut Scheduler, workloads: &[Workload], committed: &BTr
 
 /// The xDS form of a stored placement.
 pub fn to_xds(name: &str, r: &PlacementRecord) -> v1::Placement {
-    let (kind, variant, base_model) = match &r.workload {
-        Workload::Pod(_) => ("pod", String::new(), String::new()),
-        Workload::Replica(x) => ("replica", x.variant.clone(), x.base_model.clone()),
-        Workload::Gang(_) => ("gang", String::new(), String::new()),
+    let (kind, variant, base_model, launch) = match &r.workload {
+        Workload::Pod(_) => ("pod", String::new(), String::new(), None),
+        Workload::Replica(x) => ("replica", x.variant.clone(), x.base_model.clone(), x.launch.as_deref().map(v1::Launch::from)),
+        Workload::Gang(_) => ("gang", String::new(), String::new(), None),
     };
     v1::Placement {
         name: name.to_string(),
@@ -172,6 +172,7 @@ pub fn to_xds(name: &str, r: &PlacementRecord) -> v1::Placement {
         variant,
         base_model,
         priority: r.workload.priority(),
+        launch,
         assignments: r
             .allocations
             .iter()
@@ -218,6 +219,7 @@ mod tests {
             class: ServiceClass::Standard,
             min_uptime_hours: 0.0,
             gpu_spec: vec![],
+            launch: None,
         })
     }
 
@@ -318,12 +320,20 @@ mod tests {
     }
 
     #[test]
-    fn xds_form_names_nodes_gpus_and_the_shared_base() {
-        let (d, _) = plan(&[], &[replica("a-0", "a", 3, 500), replica("b-0", "b", 3, 500)], false);
+    fn xds_form_names_nodes_gpus_the_shared_base_and_the_launch() {
+        let mut b = replica("b-0", "b", 3, 500);
+        if let Workload::Replica(r) = &mut b {
+            r.launch = Some(Box::new(crate::launch::tests::own_command()));
+        }
+        let (d, _) = plan(&[], &[replica("a-0", "a", 3, 500), b], false);
         let p = to_xds("b-0", &d.placed["b-0"]);
         assert_eq!((p.kind.as_str(), p.variant.as_str(), p.base_model.as_str(), p.priority), ("replica", "b", "llama-8b", 3));
         assert_eq!(p.assignments[0].node, "n1");
         assert_eq!(p.assignments[0].gpus[0].milli, 500);
         assert_eq!(p.assignments[0].shared_base, "llama-8b");
+        let launch = p.launch.expect("the replica's launch is pushed with it");
+        assert_eq!((launch.cluster.as_str(), launch.command[0].as_str(), launch.health_path.as_str()), ("chat-b", "vllm", "/health"));
+        assert_eq!(launch.labels["tier"], "gold");
+        assert_eq!(to_xds("a-0", &d.placed["a-0"]).launch, None, "no launch, none pushed");
     }
 }

@@ -35,6 +35,10 @@ pub enum Kind {
     /// Where the scheduler placed each workload; written only by `POST /v1/schedule/apply`
     /// (deleting one releases its capacity).
     Placements,
+    /// What each node's agent reports (a `nodes::NodeStatus` each, named after the node):
+    /// its GPUs, the replicas it runs for placements, its weight holders. Written by the
+    /// agents, which are API clients; not pushed over xDS.
+    NodeStatuses,
     /// How to autoscale one variant (an `autoscaler::spec::AutoscalerSpec` each).
     Autoscalers,
     /// The autoscaler's replica targets; written only by the leader's decision loop.
@@ -59,13 +63,14 @@ pub enum Kind {
 
 impl Kind {
     /// In apply order: what others refer to comes first.
-    pub const ALL: [Kind; 15] = [
+    pub const ALL: [Kind; 16] = [
         Kind::Clusters,
         Kind::Endpoints,
         Kind::Experiments,
         Kind::Services,
         Kind::Nodes,
         Kind::Placements,
+        Kind::NodeStatuses,
         Kind::Autoscalers,
         Kind::ScalingDecisions,
         Kind::Rollouts,
@@ -108,6 +113,7 @@ impl Kind {
             Kind::Services => "services",
             Kind::Nodes => "nodes",
             Kind::Placements => "placements",
+            Kind::NodeStatuses => "nodestatuses",
             Kind::Autoscalers => "autoscalers",
             Kind::ScalingDecisions => "scalingdecisions",
             Kind::Rollouts => "rollouts",
@@ -129,6 +135,7 @@ impl Kind {
             Kind::Services => "Service",
             Kind::Nodes => "Node",
             Kind::Placements => "Placement",
+            Kind::NodeStatuses => "NodeStatus",
             Kind::Autoscalers => "Autoscaler",
             Kind::ScalingDecisions => "ScalingDecision",
             Kind::Rollouts => "Rollout",
@@ -138,6 +145,15 @@ impl Kind {
             Kind::Checkpoints => "Checkpoint",
             Kind::AuthorizationPolicies => "AuthorizationPolicy",
             Kind::Revocations => "Revocation",
+        }
+    }
+
+    /// The spec field that holds the resource's name (it must equal the name in the URL): a
+    /// node status names its node.
+    pub fn name_field(self) -> &'static str {
+        match self {
+            Kind::NodeStatuses => "node",
+            _ => "name",
         }
     }
 
@@ -293,21 +309,19 @@ pub fn check_address(field: &str, addr: &str) -> Result<(), FieldError> {
     if ok { Ok(()) } else { Err(err(field, format!("{addr:?} is not a host:port address"))) }
 }
 
-/// Fills in or checks the spec's `name` against the name in the path.
-fn named(spec: &Value, name: &str) -> Result<Value, FieldError> {
+/// Fills in or checks the spec's name field (`field`: `name`, or what the kind calls it)
+/// against the name in the path.
+fn named(spec: &Value, field: &str, name: &str) -> Result<Value, FieldError> {
     let mut spec = spec.clone();
     let Some(obj) = spec.as_object_mut() else {
         return Err(err("", "the spec must be a JSON object"));
     };
-    match obj.get("name") {
-        None | Some(Value::Null) => {
-            obj.insert("name".into(), Value::String(name.into()));
-        }
-        Some(Value::String(n)) if n == name || n.is_empty() => {
-            obj.insert("name".into(), Value::String(name.into()));
-        }
-        Some(other) => return Err(err("name", format!("{other} does not match the name in the path ({name:?})"))),
+    match obj.get(field) {
+        None | Some(Value::Null) => {}
+        Some(Value::String(n)) if n == name || n.is_empty() => {}
+        Some(other) => return Err(err(field, format!("{other} does not match the name in the path ({name:?})"))),
     }
+    obj.insert(field.into(), Value::String(name.into()));
     Ok(spec)
 }
 
@@ -318,7 +332,7 @@ fn to_json<T: Serialize>(v: &T) -> String {
 /// Validates `spec` as a `kind` named `name`.
 pub fn validate(kind: Kind, name: &str, spec: &Value) -> Result<Valid, FieldError> {
     check_name(name)?;
-    let spec = named(spec, name)?;
+    let spec = named(spec, kind.name_field(), name)?;
     match kind {
         Kind::Clusters => {
             let c: config::Cluster = parse(&spec)?;
@@ -378,6 +392,11 @@ pub fn validate(kind: Kind, name: &str, spec: &Value) -> Result<Valid, FieldErro
             crate::scheduler::inventory::Cluster::new(vec![n.clone()])
                 .map_err(|e| err("", format!("not a usable node: {e:?}")))?;
             Ok(Valid { json: to_json(&n), refs: vec![] })
+        }
+        Kind::NodeStatuses => {
+            let s: crate::nodes::NodeStatus = parse(&spec)?;
+            s.validate()?;
+            Ok(Valid { json: to_json(&s), refs: vec![] })
         }
         Kind::Autoscalers => {
             let a: crate::autoscaler::spec::AutoscalerSpec = parse(&spec)?;
@@ -725,6 +744,21 @@ mod tests {
             (Kind::Clusters, json!({"tls": {"identities": ["https://x"]}}), "tls.identities"),
             (Kind::AuthorizationPolicies, json!({"rules": [{"identities": ["web"]}]}), "rules[0].identities"),
             (Kind::AuthorizationPolicies, json!({"namespace": "a b"}), "namespace"),
+            (Kind::NodeStatuses, json!({"node": "other", "reported_at_ms": 1, "inventory_source": "nvml"}), "node"),
+            (Kind::NodeStatuses, json!({"reported_at_ms": 1, "inventory_source": "nvml", "name": "x"}), "name"),
+            (
+                Kind::NodeStatuses,
+                json!({"reported_at_ms": 1, "inventory_source": "nvml", "replicas": [
+                    {"placement": "p", "variant": "a", "base_model": "m", "state": "ready"},
+                    {"placement": "q", "variant": "a", "base_model": "m", "state": "running"}]}),
+                "replicas[1].state",
+            ),
+            (
+                Kind::Autoscalers,
+                json!({"variant": "a", "capacity_rps": 1.0, "placement": {"base_model": "m", "base_bytes": 1, "compute_milli": 10,
+                    "launch": {"cluster": "c", "base_path": "/b", "health_path": "h"}}}),
+                "placement.launch.health_path",
+            ),
         ];
         for (kind, spec, field) in cases {
             let e = validate(kind, "x", &spec).expect_err(&spec.to_string());
@@ -732,6 +766,19 @@ mod tests {
             assert!(!e.message.is_empty());
         }
         assert_eq!(validate(Kind::Clusters, "a/b", &json!({})).unwrap_err().field, "name");
+    }
+
+    #[test]
+    fn a_node_status_is_named_after_its_node_and_never_pushed() {
+        let v = validate(Kind::NodeStatuses, "gpu-1", &crate::nodes::tests::report()).unwrap();
+        let mut report = crate::nodes::tests::report();
+        report.as_object_mut().unwrap().remove("node");
+        let filled = validate(Kind::NodeStatuses, "gpu-1", &report).unwrap();
+        assert_eq!(filled, v, "the node's name comes from the path when absent");
+        let r = Resource { kind: "nodestatuses".into(), name: "gpu-1".into(), value_json: v.json, revision: 3 };
+        let built = XdsBuilder::default().build([&r]);
+        let without = XdsBuilder::default().build([]);
+        assert_eq!(format!("{built:?}"), format!("{without:?}"), "agents' reports are not xDS resources");
     }
 
     #[test]

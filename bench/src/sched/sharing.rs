@@ -94,6 +94,7 @@ pub fn replicas(c: &Catalogue) -> Vec<InferenceReplica> {
                 class: Default::default(),
                 min_uptime_hours: 0.0,
                 gpu_spec: vec![],
+                launch: None,
             });
         }
     }

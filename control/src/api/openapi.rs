@@ -4,6 +4,8 @@
 use axum::Json;
 use serde_json::{Value, json};
 
+use crate::resources::Kind;
+
 fn error_responses() -> Value {
     let e = json!({"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
     json!({
@@ -22,8 +24,9 @@ fn responses(schema: Value) -> Value {
 }
 
 pub async fn document() -> Json<Value> {
-    let kind = json!({"name": "kind", "in": "path", "required": true,
-        "schema": {"type": "string", "enum": ["services", "experiments", "clusters", "endpoints", "nodes", "placements", "autoscalers", "scalingdecisions", "rollouts", "rolloutstates", "trainingjobs", "shardmaps", "checkpoints", "authorizationpolicies", "revocations"]}});
+    // From the kinds themselves, so a new kind cannot be left out of the document.
+    let kinds = Kind::ALL.map(Kind::as_str);
+    let kind = json!({"name": "kind", "in": "path", "required": true, "schema": {"type": "string", "enum": kinds}});
     let name = json!({"name": "name", "in": "path", "required": true,
         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,253}$"}});
     let consistency = json!({"name": "consistency", "in": "query", "required": false,
@@ -51,7 +54,7 @@ pub async fn document() -> Json<Value> {
             "schemas": {
                 "Error": {"type": "object", "required": ["error"], "properties": {
                     "error": {"type": "string"}, "field": {"type": "string"}, "current_revision": {"type": "integer"}}},
-                "Spec": {"type": "object", "description": "A section of the weft-proxy YAML config for this kind (see the config reference); `name` may be omitted."},
+                "Spec": {"type": "object", "description": "A section of the weft-proxy YAML config for this kind (see the config reference), or the kind's own spec (docs/control-api.md); `name` (a node status's `node`) may be omitted."},
                 "Item": {"type": "object", "required": ["kind", "name", "revision", "spec"], "properties": {
                     "kind": {"type": "string"}, "name": {"type": "string"}, "revision": {"type": "integer"},
                     "spec": {"$ref": "#/components/schemas/Spec"}}},
@@ -59,7 +62,7 @@ pub async fn document() -> Json<Value> {
                     "kind": {"type": "string"}, "name": {"type": "string"}, "revision": {"type": "integer"},
                     "changed": {"type": "boolean"}, "warnings": {"type": "array", "items": {"type": "string"}}}},
                 "PlanRequest": {"type": "object", "required": ["workloads"], "additionalProperties": false, "properties": {
-                    "workloads": {"type": "array", "items": {"type": "object", "required": ["kind", "name"], "description": "kind: pod (cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec), replica (variant, base_model, base_bytes, delta_bytes, working_set_bytes, compute_milli, cpu_milli, memory_mib, priority, class, min_uptime_hours, gpu_spec) or gang (workers, gpus_per_worker, gpu_memory_bytes, cpu_milli, memory_mib, priority, class, topology, gpu_spec)",
+                    "workloads": {"type": "array", "items": {"type": "object", "required": ["kind", "name"], "description": "kind: pod (cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec), replica (variant, base_model, base_bytes, delta_bytes, working_set_bytes, compute_milli, cpu_milli, memory_mib, priority, class, min_uptime_hours, gpu_spec, launch {cluster, base_path, delta_path, command, env, health_path, labels}) or gang (workers, gpus_per_worker, gpu_memory_bytes, cpu_milli, memory_mib, priority, class, topology, gpu_spec)",
                         "properties": {"kind": {"type": "string", "enum": ["pod", "replica", "gang"]}, "name": {"type": "string"}}}},
                     "nodes": {"type": "array", "items": {"type": "object"}, "description": "plan on these nodes instead of the stored inventory (plan only)"},
                     "preempt": {"type": "boolean"}}},

@@ -23,7 +23,7 @@ use crate::placements::{self, Decision, PlacementRecord};
 use crate::resources::Kind;
 use crate::scheduler::SchedulerConfig;
 use crate::scheduler::inventory::NodeSpec;
-use crate::scheduler::workload::Workload;
+use crate::scheduler::workload::{InferenceReplica, Workload};
 use crate::store::{Command, StoreError};
 
 /// The request body of both endpoints (also how `weftctl` checks a workloads file).
@@ -39,15 +39,28 @@ pub struct PlanRequest {
     pub preempt: bool,
 }
 
+impl PlanRequest {
+    /// Checks what the types alone do not: each replica's launch. The error's field is a path
+    /// into the request (`workloads[2].launch.cluster`).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        self.workloads.iter().enumerate().try_for_each(|(i, w)| match w {
+            Workload::Replica(InferenceReplica { launch: Some(launch), .. }) => launch.validate_under(&format!("workloads[{i}].launch")),
+            _ => Ok(()),
+        })
+    }
+}
+
 fn parse(body: &Bytes) -> ApiResult<PlanRequest> {
     if body.is_empty() {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "the request body is empty; send {\"workloads\": [...]}"));
     }
     let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let req: PlanRequest = serde_path_to_error::deserialize(de).map_err(|e| {
         let status = if e.inner().is_syntax() || e.inner().is_eof() { StatusCode::BAD_REQUEST } else { StatusCode::UNPROCESSABLE_ENTITY };
         ApiError::field(status, &e.path().to_string(), e.inner())
-    })
+    })?;
+    req.validate().map_err(|(field, message)| ApiError::field(StatusCode::UNPROCESSABLE_ENTITY, &field, message))?;
+    Ok(req)
 }
 
 /// What the plan was made against.

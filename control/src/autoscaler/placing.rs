@@ -152,6 +152,7 @@ fn replica(t: &Target<'_>, p: &ReplicaTemplate, lane: Lane, i: u32) -> Inference
         class: lane.class(),
         min_uptime_hours: 0.0,
         gpu_spec: p.gpu_spec.clone(),
+        launch: p.launch.clone().map(Box::new),
     }
 }
 
@@ -182,6 +183,17 @@ mod tests {
         assert_eq!((r.class, r.variant.as_str(), r.base_model.as_str(), r.compute_milli), (ServiceClass::Critical, "a", "llama-8b", 500));
         let Workload::Replica(r) = &d.add[2] else { panic!() };
         assert_eq!(r.class, ServiceClass::BestEffort);
+    }
+
+    #[test]
+    fn every_replica_carries_the_templates_launch() {
+        let t = ReplicaTemplate { launch: Some(crate::launch::tests::reference()), ..template(500) };
+        let d = reconcile(&target(&t, Some((1, 1))), &[]);
+        assert_eq!(d.add.len(), 2);
+        for w in &d.add {
+            let Workload::Replica(r) = w else { panic!() };
+            assert_eq!(r.launch.as_deref(), t.launch.as_ref(), "{}", r.name);
+        }
     }
 
     #[test]

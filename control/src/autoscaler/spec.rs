@@ -75,6 +75,9 @@ pub struct ReplicaTemplate {
     /// Allowed GPU models (empty: any).
     #[serde(default)]
     pub gpu_spec: Vec<String>,
+    /// How node agents start each replica (copied into every placement; absent: placed only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<crate::launch::Launch>,
 }
 
 /// An autoscaler for one variant.
@@ -134,12 +137,22 @@ fn default_drain() -> f64 {
     30.0
 }
 
-/// A spec field that does not hold: `(field, message)`.
-pub type SpecError = (&'static str, String);
+/// A spec field that does not hold: `(field, message)`, the field a path
+/// (`placement.launch.cluster`).
+pub type SpecError = (String, String);
 
 impl AutoscalerSpec {
     /// Checks every field; the error names the first one at fault.
     pub fn validate(&self) -> Result<(), SpecError> {
+        self.validate_own_fields().map_err(|(field, message)| (field.to_string(), message))?;
+        match self.placement.as_ref().and_then(|p| p.launch.as_ref()) {
+            Some(launch) => launch.validate_under("placement.launch"),
+            None => Ok(()),
+        }
+    }
+
+    /// Every field but the placement's launch, which names its own.
+    fn validate_own_fields(&self) -> Result<(), (&'static str, String)> {
         // Upper bounds keep the policies' arithmetic finite (the forecaster scans the buckets of
         // one lead time): no real replica takes an hour to start or serves 10^9 requests/s.
         let within = |field: &'static str, v: f64, max: f64| {
@@ -288,14 +301,22 @@ pub(crate) mod tests {
             memory_mib: 4096,
             priority: 10,
             gpu_spec: vec![],
+            launch: None,
         }
     }
 
     #[test]
     fn each_bad_field_is_named() {
         type Case = (fn(&mut AutoscalerSpec), &'static str);
-        let cases: [Case; 10] = [
+        let cases: [Case; 11] = [
             (|s| s.placement = Some(template(0)), "placement.compute_milli"),
+            (
+                |s| {
+                    let launch = crate::launch::Launch { cluster: String::new(), ..crate::launch::tests::reference() };
+                    s.placement = Some(ReplicaTemplate { launch: Some(launch), ..template(500) })
+                },
+                "placement.launch.cluster",
+            ),
             (
                 |s| s.placement = Some(ReplicaTemplate { base_model: "".into(), ..template(500) }),
                 "placement.base_model",

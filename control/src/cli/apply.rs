@@ -523,7 +523,7 @@ spec:
         let e = err("kind: Cluster\nname: c\nspec: {}\n---\nkind: Pod\nname: p\nspec: {}\n");
         assert_eq!(
             e,
-            "document 2 (line 4): unknown kind \"Pod\"; expected one of Cluster, Endpoints, Experiment, Service, Node, Autoscaler, Rollout, TrainingJob, AuthorizationPolicy, Revocation"
+            "document 2 (line 4): unknown kind \"Pod\"; expected one of Cluster, Endpoints, Experiment, Service, Node, NodeStatus, Autoscaler, Rollout, TrainingJob, AuthorizationPolicy, Revocation"
         );
         let e = err("kind: Cluster\nspec: {}\n");
         assert_eq!(e, "document 1 (line 1): missing `name`");

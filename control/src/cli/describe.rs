@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 use weft_xds::typeurl;
 
-use super::output::{cell, summary, table, to_yaml};
+use super::output::{cell, indent, summary, table, to_yaml};
 use crate::resources::Kind;
 
 /// The resource the control plane writes from this one, shown as its status.
@@ -117,10 +117,6 @@ pub fn render(kind: Kind, d: &Value) -> String {
         }
     }
     s
-}
-
-fn indent(text: &str) -> String {
-    text.lines().map(|l| format!("  {l}\n")).collect()
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! - `apply`: multi-document YAML → parse all, dry-run all, then write what changed.
 //! - `diff`: the line diff `apply --dry-run` prints.
 //! - `output`: tables, JSON and YAML.
+//! - `node`: `node list|describe` (the inventory beside the agents' reports).
 //!
 //! Exit codes: 0 success, 1 the server refused or could not be reached, 2 bad usage or input
 //! that never reached a server (flags, YAML, weights syntax).
@@ -17,6 +18,7 @@ pub mod diff;
 pub mod output;
 pub mod autoscale;
 pub mod experiment;
+pub mod node;
 pub mod schedule;
 pub mod stat;
 pub mod training;
@@ -110,6 +112,12 @@ pub enum Command {
         #[command(subcommand)]
         command: ScheduleCommand,
     },
+    /// GPU nodes: the inventory beside what each node's agent reports (GPUs, replicas,
+    /// weight holders).
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
+    },
     /// The autoscaler: what it sees and decides per variant, and spot preemption notices.
     Autoscale {
         #[command(subcommand)]
@@ -157,6 +165,16 @@ pub enum ExperimentCommand {
         #[arg(required = true, value_name = "VARIANT=WEIGHT")]
         weights: Vec<String>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Every node: the GPU source, GPUs, ready/total replicas, holders and how recent its
+    /// agent's report is (`no agent`, `stale 2m0s`).
+    List,
+    /// One node: its inventory entry, GPUs, replicas with their state, weight holders and the
+    /// agent's warnings.
+    Describe { name: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -256,6 +274,9 @@ pub enum ScheduleCommand {
         #[arg(long)]
         preempt: bool,
     },
+    /// Every placement with its node(s), variant, base model and the replica's state, reason
+    /// and endpoint as its node's agent reports them (`pending` until one does).
+    Status,
 }
 
 #[derive(Debug, Subcommand)]
@@ -403,6 +424,16 @@ async fn call(c: &mut Client, method: Method, path: &str, body: Option<&Value>) 
     ok_or_api_error(r)
 }
 
+/// GET `path`'s body, or `Value::Null` when the resource does not exist (404). An unknown
+/// kind (a server older than this weftctl) is an error, not an absent resource.
+async fn get_optional(c: &mut Client, path: &str) -> Result<Value, CliError> {
+    let r = c.request(Method::GET, path, None, None).await.map_err(CliError::request)?;
+    if r.status == http::StatusCode::NOT_FOUND && r.body["field"] != "kind" {
+        return Ok(Value::Null);
+    }
+    ok_or_api_error(r)
+}
+
 /// Prints `value` as JSON/YAML, or the table `table` renders from it.
 fn show(format: Format, value: &Value, table: impl FnOnce(&Value) -> String) {
     match output::structured(format, value) {
@@ -545,8 +576,24 @@ pub async fn run(args: Args) -> Result<(), CliError> {
             show(format, &body, output::members_table);
             Ok(())
         }
+        Command::Node { command: NodeCommand::List } => {
+            let joined = node::gather_list(&mut c).await?;
+            show(format, &joined, node::list_table);
+            Ok(())
+        }
+        Command::Node { command: NodeCommand::Describe { name } } => {
+            let name = parse_name(&name)?;
+            let entry = node::gather_one(&mut c, name).await?;
+            show(format, &entry, node::describe_text);
+            Ok(())
+        }
         Command::Schedule { command } => {
             let path = match command {
+                ScheduleCommand::Status => {
+                    let joined = schedule::gather_status(&mut c).await?;
+                    show(format, &joined, schedule::status_table);
+                    return Ok(());
+                }
                 ScheduleCommand::Plan { .. } => "/v1/schedule/plan",
                 ScheduleCommand::Apply { .. } => "/v1/schedule/apply",
             };
@@ -715,13 +762,15 @@ mod tests {
             ("Placement", Kind::Placements),
             ("autoscaler", Kind::Autoscalers),
             ("ScalingDecision", Kind::ScalingDecisions),
+            ("NodeStatus", Kind::NodeStatuses),
+            ("nodestatus", Kind::NodeStatuses),
         ] {
             assert_eq!(parse_kind(s), Ok(k), "{s}");
         }
         let e = parse_kind("pods").unwrap_err();
         assert_eq!(
             e,
-            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements, autoscalers, scalingdecisions, rollouts, rolloutstates, trainingjobs, shardmaps, checkpoints, authorizationpolicies, revocations".into())
+            CliError::Usage("unknown kind \"pods\"; expected one of clusters, endpoints, experiments, services, nodes, placements, nodestatuses, autoscalers, scalingdecisions, rollouts, rolloutstates, trainingjobs, shardmaps, checkpoints, authorizationpolicies, revocations".into())
         );
         assert_eq!(e.exit_code(), 2);
     }
@@ -757,5 +806,11 @@ mod tests {
         assert!(Args::try_parse_from(["weftctl", "experiment", "set-weights", "ab"]).is_err(), "weights are required");
         assert!(Args::try_parse_from(["weftctl", "-o", "xml", "status"]).is_err());
         assert!(Args::try_parse_from(["weftctl", "rollback", "service", "chat", "--to", "x"]).is_err());
+        let a = Args::try_parse_from(["weftctl", "node", "describe", "gpu-1", "-o", "yaml"]).unwrap();
+        assert!(matches!(a.command, Command::Node { command: NodeCommand::Describe { ref name } } if name == "gpu-1"));
+        assert_eq!(a.output, Format::Yaml);
+        assert!(matches!(Args::try_parse_from(["weftctl", "node", "list"]).unwrap().command, Command::Node { command: NodeCommand::List }));
+        let a = Args::try_parse_from(["weftctl", "schedule", "status"]).unwrap();
+        assert!(matches!(a.command, Command::Schedule { command: ScheduleCommand::Status }));
     }
 }

@@ -67,6 +67,24 @@ pub fn object(kind: Kind, name: &str) -> String {
     format!("{}/{name}", kind.yaml_kind().to_ascii_lowercase())
 }
 
+/// A byte count as GiB with one decimal (`16.0GiB`); `-` when it is not a number.
+pub fn gib(bytes: &Value) -> String {
+    bytes.as_f64().map_or_else(|| "-".into(), |b| format!("{:.1}GiB", b / (1u64 << 30) as f64))
+}
+
+/// Every line of `text` indented by two spaces (a section's body).
+pub fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
+}
+
+/// A string as a table cell, `-` when empty or absent.
+pub fn or_dash(v: &Value) -> String {
+    match v.as_str() {
+        Some("") | None => "-".into(),
+        Some(s) => s.to_string(),
+    }
+}
+
 /// A scalar as a table cell: strings bare, null as `-`.
 pub fn cell(v: &Value) -> String {
     match v {
@@ -203,6 +221,18 @@ pub fn summary(kind: Kind, spec: &Value) -> String {
             spec["last"]["parts"].as_array().map_or(0, Vec::len),
             if spec["last"]["final"] == serde_json::Value::Bool(true) { " (final)" } else { "" }
         ),
+        Kind::NodeStatuses => {
+            let replicas = spec["replicas"].as_array().map(Vec::as_slice).unwrap_or_default();
+            let ready = replicas.iter().filter(|r| r["state"] == crate::nodes::ReplicaState::Ready.as_str()).count();
+            format!(
+                "source={} gpus={} replicas={ready}/{} ready holders={} reported_at_ms={}",
+                cell(&spec["inventory_source"]),
+                spec["gpus"].as_array().map_or(0, Vec::len),
+                replicas.len(),
+                spec["holders"].as_array().map_or(0, Vec::len),
+                cell(&spec["reported_at_ms"])
+            )
+        }
         Kind::Placements => {
             let nodes: Vec<String> = spec["allocations"]
                 .as_array()
@@ -389,7 +419,7 @@ fn cert_expiry(identity: &Value, now: i64) -> String {
 }
 
 /// `90` → `1m30s`, `7200` → `2h0m`: an age at a glance.
-fn short_duration(s: u64) -> String {
+pub fn short_duration(s: u64) -> String {
     match s {
         0..60 => format!("{s}s"),
         60..3600 => format!("{}m{}s", s / 60, s % 60),

@@ -103,6 +103,7 @@ fn workload() -> impl Strategy<Value = Workload> {
                 class,
                 min_uptime_hours: uptime,
                 gpu_spec: vec![],
+                launch: None,
             })
         });
     let gang = (

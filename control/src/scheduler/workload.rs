@@ -82,6 +82,11 @@ pub struct InferenceReplica {
     pub min_uptime_hours: f64,
     #[serde(default)]
     pub gpu_spec: Vec<String>,
+    /// How the node agent starts it (absent: placed, but started by someone else). The
+    /// scheduler does not read it; boxed so that it does not triple the size of every
+    /// `Workload` the scheduler moves around.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<Box<crate::launch::Launch>>,
 }
 
 impl InferenceReplica {

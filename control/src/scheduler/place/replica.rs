@@ -229,6 +229,7 @@ mod tests {
             class: ServiceClass::Standard,
             min_uptime_hours: 0.0,
             gpu_spec: vec![],
+            launch: None,
         }
     }
 
