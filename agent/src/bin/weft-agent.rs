@@ -16,6 +16,23 @@ struct Args {
     command: Command,
 }
 
+/// A base's shape (a delta is made for the base it adapts).
+#[derive(clap::Args)]
+struct Shape {
+    #[arg(long, default_value_t = 8)]
+    layers: usize,
+    #[arg(long, default_value_t = 256)]
+    d: usize,
+    #[arg(long, default_value_t = 16)]
+    classes: usize,
+}
+
+impl Shape {
+    fn dims(&self) -> model::Dims {
+        model::Dims { layers: self.layers, d: self.d, classes: self.classes }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Load a base once into a sealed memfd and hand it to replicas on a unix socket.
@@ -35,12 +52,8 @@ enum Command {
     MakeBase {
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, default_value_t = 8)]
-        layers: usize,
-        #[arg(long, default_value_t = 256)]
-        d: usize,
-        #[arg(long, default_value_t = 16)]
-        classes: usize,
+        #[command(flatten)]
+        shape: Shape,
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
@@ -48,12 +61,8 @@ enum Command {
     MakeDelta {
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, default_value_t = 8)]
-        layers: usize,
-        #[arg(long, default_value_t = 256)]
-        d: usize,
-        #[arg(long, default_value_t = 16)]
-        classes: usize,
+        #[command(flatten)]
+        shape: Shape,
         #[arg(long, default_value_t = 8)]
         rank: usize,
         /// Give the variant its own head too.
@@ -67,10 +76,8 @@ enum Command {
 fn main() {
     let result = match Args::parse().command {
         Command::Hold { base, socket, exit_when_unused_s } => hold(&base, &socket, exit_when_unused_s),
-        Command::MakeBase { out, layers, d, classes, seed } => make::base(&out, model::Dims { layers, d, classes }, seed),
-        Command::MakeDelta { out, layers, d, classes, rank, head, seed } => {
-            make::delta(&out, model::Dims { layers, d, classes }, rank, head, seed)
-        }
+        Command::MakeBase { out, shape, seed } => make::base(&out, shape.dims(), seed),
+        Command::MakeDelta { out, shape, rank, head, seed } => make::delta(&out, shape.dims(), rank, head, seed),
     };
     if let Err(e) = result {
         eprintln!("weft-agent: {e}");

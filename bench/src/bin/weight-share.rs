@@ -21,6 +21,7 @@ use clap::Parser;
 use serde_json::{Value, json};
 use weft_agent::weights::make;
 use weft_agent::weights::model::Dims;
+use weft_bench::stats::Spread;
 use weft_bench::workspace::{machine, release_bin, results_path, write_json};
 
 #[derive(Parser, Debug)]
@@ -140,14 +141,13 @@ struct Bins {
     server: PathBuf,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+/// Median of the repeats (every repeat yields every figure, or the run fails before this).
+fn median(v: Vec<f64>) -> f64 {
+    Spread::of(v.into_iter().map(Some)).map_or(f64::NAN, |s| s.median)
 }
 
 fn stats(v: &[f64]) -> Value {
-    json!({"median": median(v.to_vec()), "min": v.iter().copied().fold(f64::INFINITY, f64::min), "max": v.iter().copied().fold(0.0, f64::max)})
+    Spread::of(v.iter().copied().map(Some)).map_or(Value::Null, |s| json!({"median": s.median, "min": s.min, "max": s.max}))
 }
 
 fn main() -> ExitCode {
