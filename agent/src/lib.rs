@@ -5,9 +5,9 @@
 //!   ([`weights::share`]); a variant's delta (LoRA per layer, or its own head) checked against
 //!   the base's shapes; and the forward step the reference server answers with.
 //! - [`server`]: `weft-model-server`, the reference model server built on them.
-//!
-//! The placement-reconciling agent loop (issue 40, item 1) is not built yet; the weight holder
-//! is started by hand or by the bench (`weft-agent hold`).
+//! - [`node`]: `weft-agent run`, the loop that carries out the placements on this node (holders,
+//!   replicas, their sidecars), adopts what an earlier agent left running, and reports.
 
+pub mod node;
 pub mod server;
 pub mod weights;

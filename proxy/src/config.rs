@@ -688,4 +688,22 @@ impl Config {
     pub fn from_yaml(text: &str) -> Result<Config, String> {
         serde_norway::from_str(text).map_err(|e| format!("invalid YAML: {e}"))
     }
+
+    /// Puts the sidecar in front of one local server: every request on the inbound listener
+    /// `listener` goes to `upstream` (`127.0.0.1:PORT`) through a service and a cluster both
+    /// named `local`. What the Kubernetes injector's and the node agent's bootstraps share.
+    pub fn front(&mut self, local: &str, listener: &str, upstream: String) {
+        self.services.push(Service {
+            name: local.to_string(),
+            listeners: vec![listener.to_string()],
+            hosts: vec!["*".into()],
+            routes: vec![Route {
+                name: "all".into(),
+                matcher: RouteMatch { path_prefix: Some("/".into()), ..Default::default() },
+                cluster: Some(local.to_string()),
+                ..Default::default()
+            }],
+        });
+        self.clusters.push(Cluster { name: local.to_string(), endpoints: vec![upstream], ..Default::default() });
+    }
 }

@@ -74,8 +74,7 @@ impl Default for Settings {
 /// model server on loopback. Services, experiments and clusters for outbound calls come over
 /// xDS.
 pub fn bootstrap(s: &Settings, r: &Request, namespace: &str) -> Config {
-    let local = format!("{}-local", r.service);
-    Config {
+    let mut cfg = Config {
         node: config::Node {
             id: String::new(),
             team: namespace.to_string(),
@@ -101,24 +100,10 @@ pub fn bootstrap(s: &Settings, r: &Request, namespace: &str) -> Config {
                 ..Default::default()
             },
         ],
-        services: vec![config::Service {
-            name: local.clone(),
-            listeners: vec!["inbound".into()],
-            hosts: vec!["*".into()],
-            routes: vec![config::Route {
-                name: "all".into(),
-                matcher: config::RouteMatch { path_prefix: Some("/".into()), ..Default::default() },
-                cluster: Some(local.clone()),
-                ..Default::default()
-            }],
-        }],
-        clusters: vec![config::Cluster {
-            name: local,
-            endpoints: vec![format!("127.0.0.1:{}", r.port)],
-            ..Default::default()
-        }],
         ..Default::default()
-    }
+    };
+    cfg.front(&format!("{}-local", r.service), "inbound", format!("127.0.0.1:{}", r.port));
+    cfg
 }
 
 fn env_field(name: &str, path: &str) -> EnvVar {
