@@ -215,8 +215,13 @@ impl Snapshot {
                 return Err(format!("{f}.max_header_bytes: {} is below the minimum of 8192", l.max_header_bytes));
             }
             let mut hosts = HostTable::default();
+            let named = |s: &config::Service| s.listeners.iter().any(|n| n == &l.name);
+            // An inbound listener some service names is that service's alone: it fronts the
+            // local server, and a mesh service (no listeners) matching there would send the
+            // request back out into the mesh, often to this very sidecar: a loop.
+            let dedicated = l.direction == config::Direction::Inbound && cfg.services.iter().any(named);
             for (si, s) in cfg.services.iter().enumerate() {
-                if s.listeners.is_empty() || s.listeners.iter().any(|n| n == &l.name) {
+                if named(s) || (s.listeners.is_empty() && !dedicated) {
                     for h in &s.hosts {
                         hosts.insert(h, si).map_err(|e| format!("services.{}.{e}", s.name))?;
                     }
@@ -401,6 +406,27 @@ clusters: [{name: c, endpoints: ["127.0.0.1:1"]}]
     fn example_file_compiles() {
         let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/proxy.yaml")).unwrap();
         compile(&text).unwrap();
+    }
+
+    /// The routing loop a node agent's sidecar hit: a mesh service pushed without listeners
+    /// matched `Host: chat` on the inbound listener too and sent the request back out.
+    #[test]
+    fn an_inbound_listener_a_service_names_serves_only_that_service() {
+        let yaml = r#"
+listeners:
+  - {name: out, address: "127.0.0.1:0"}
+  - {name: in, address: "127.0.0.1:0", direction: inbound}
+  - {name: open, address: "127.0.0.1:0", direction: inbound}
+services:
+  - {name: local, listeners: [in], hosts: ["*"], routes: [{name: r, cluster: c}]}
+  - {name: chat, hosts: [chat], routes: [{name: r, cluster: c}]}
+clusters: [{name: c, endpoints: ["127.0.0.1:1"]}]
+"#;
+        let s = compile(yaml).unwrap();
+        let service = |l: usize, host: &str| s.listeners[l].hosts.lookup(host).map(|i| s.services[i].name.to_string());
+        assert_eq!(service(0, "chat").as_deref(), Some("chat"));
+        assert_eq!(service(1, "chat").as_deref(), Some("local"), "the fronting listener keeps to its server");
+        assert_eq!(service(2, "chat").as_deref(), Some("chat"), "an inbound listener no service names serves them all");
     }
 
     #[test]
