@@ -8,8 +8,8 @@
 //! (base + N·delta) / (N·(base + delta)) of the unshared total, as a ratio.
 //!
 //! `first_token_cold_ms`: from starting the replicas (and, shared, the holder) to the first
-//! answer of the 1st and of the Nth replica. The bench launches the processes itself; the
-//! agent's placement loop, which would launch them from a placement, is not built yet.
+//! answer of the 1st and of the Nth replica. The bench launches the processes itself, not
+//! through `weft-agent run` from a placement (which adds the sidecar's start and the ADS push).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -258,7 +258,7 @@ fn real_main() -> Result<bool> {
                             "unshared": unshared.iter().map(|r| r.per_process_mib.clone()).collect::<Vec<_>>()},
         "outputs_agree": outputs_agree,
         "variants_distinct": distinct,
-        "launched_by": "the bench (the agent's placement loop is not built yet)",
+        "launched_by": "the bench directly (not weft-agent run from a placement)",
     });
     let out = args.out.unwrap_or_else(|| results_path("weight-share.json", args.quick));
     write_json(&out, &doc)?;
