@@ -262,9 +262,7 @@ impl Default for Listener {
 #[serde(deny_unknown_fields, default)]
 pub struct Service {
     pub name: String,
-    /// Listener names this service is served on; empty = all listeners, except inbound
-    /// listeners that some service names (those serve only the services that name them: a
-    /// sidecar's inbound listener fronting its local server never routes back into the mesh).
+    /// Listener names this service is served on; empty = all listeners.
     pub listeners: Vec<String>,
     /// Host/authority values (port stripped, case-insensitive); `*` matches any host.
     pub hosts: Vec<String>,
