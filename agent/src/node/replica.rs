@@ -151,8 +151,7 @@ impl Replica {
 
     /// Kills both processes and waits `backoff` before the next start.
     fn fail(&mut self, state: ReplicaState, reason: String, store: &Store) {
-        for p in [self.sidecar.take(), self.server.take()].into_iter().flatten() {
-            let mut p = p;
+        for mut p in [self.sidecar.take(), self.server.take()].into_iter().flatten() {
             p.kill();
         }
         store.remove(&store.replica_path(&self.want.placement));
