@@ -59,10 +59,16 @@ struct Failure {
     tries: u32,
 }
 
+/// How long an unneeded holder has between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
 #[derive(Default)]
 pub struct Holders {
     live: BTreeMap<Key, Holder>,
     failed: BTreeMap<Key, Failure>,
+    /// Holders sent SIGTERM, with when they get SIGKILL: stopping takes several steps so the
+    /// agent's loop never waits on one.
+    stopping: Vec<(Proc, Instant)>,
 }
 
 impl Holders {
@@ -130,25 +136,34 @@ impl Holders {
     }
 
     /// Forgets holders that died (their replicas notice by themselves) and stops those no
-    /// wanted replica needs any more.
+    /// wanted replica needs any more: SIGTERM now, SIGKILL on a later call if still running
+    /// after [`STOP_GRACE`].
     pub fn prune(&mut self, needed: &[Key], store: &Store) {
         let keys: Vec<Key> = self.live.keys().cloned().collect();
         for key in keys {
             let h = self.live.get_mut(&key).expect("listed");
             let dead = h.proc.exited().is_some();
-            if dead || !needed.contains(&key) {
-                if !dead {
-                    h.proc.signal(Signal::TERM);
-                    let deadline = Instant::now() + Duration::from_secs(2);
-                    while h.proc.exited().is_none() && Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    h.proc.kill();
-                }
-                self.live.remove(&key);
-                store.remove(&store.holder_path(&key.name()));
+            if !dead && needed.contains(&key) {
+                continue;
+            }
+            let h = self.live.remove(&key).expect("listed");
+            store.remove(&store.holder_path(&key.name()));
+            if !dead {
+                h.proc.signal(Signal::TERM);
+                self.stopping.push((h.proc, Instant::now() + STOP_GRACE));
             }
         }
+        let now = Instant::now();
+        self.stopping.retain_mut(|(proc, kill_at)| {
+            if proc.exited().is_some() {
+                return false;
+            }
+            if now >= *kill_at {
+                proc.kill();
+                return false;
+            }
+            true
+        });
         self.failed.retain(|k, _| needed.contains(k));
     }
 

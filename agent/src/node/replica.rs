@@ -54,6 +54,9 @@ pub struct Replica {
     ready_since_ms: u64,
     /// SIGTERM already sent to the server while draining.
     stopping_server: Option<Instant>,
+    /// When waiting for a weight holder that is still loading gives up: set once, when the
+    /// wait begins, so a holder that never serves fails the replica after `start_timeout`.
+    holder_wait_until: Option<Instant>,
 }
 
 impl Replica {
@@ -76,6 +79,7 @@ impl Replica {
             health_failures: 0,
             ready_since_ms: 0,
             stopping_server: None,
+            holder_wait_until: None,
         }
     }
 
@@ -157,6 +161,7 @@ impl Replica {
         store.remove(&store.replica_path(&self.want.placement));
         self.restarts += 1;
         self.health_failures = 0;
+        self.holder_wait_until = None;
         self.deadline = Instant::now() + backoff(self.restarts);
         self.set(state, reason);
     }
@@ -207,11 +212,16 @@ impl Replica {
             match env.holders.ensure(&key, &self.want.base_model, env.store, &env.opts.agent_bin) {
                 holder::Ready::Socket(s) => self.holder = Some(s.display().to_string()),
                 holder::Ready::Pending => {
-                    self.deadline = Instant::now() + env.opts.start_timeout;
-                    return self.set(ReplicaState::Starting, String::new());
+                    let until = *self.holder_wait_until.get_or_insert(Instant::now() + env.opts.start_timeout);
+                    if Instant::now() < until {
+                        return self.set(ReplicaState::Starting, "waiting for the weight holder to load the base".into());
+                    }
+                    let reason = format!("the weight holder for {} did not serve within {:?}", key.base_path, env.opts.start_timeout);
+                    return self.fail(ReplicaState::Backoff, reason, env.store);
                 }
                 holder::Ready::Failed(reason) => return self.fail(ReplicaState::Failed, reason, env.store),
             }
+            self.holder_wait_until = None;
         }
         let ports = super::ports::pick(env.opts.ports.clone(), 3, env.taken);
         let [server_port, admin_port, inbound_port] = ports[..] else {
