@@ -4,6 +4,7 @@
 //! `proxy-load` compares weft-proxy with Envoy, nginx and HAProxy (plaintext, and with mTLS); `xds-fanout` times a config
 //! change reaching thousands of sidecars (see `bench/README.md`).
 
+pub mod agent_run;
 pub mod autoscale;
 pub mod csv;
 pub mod fsync_delay;

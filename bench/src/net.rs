@@ -34,12 +34,28 @@ pub fn free_addrs(n: usize) -> Result<Vec<SocketAddr>> {
 
 /// `GET path` with `Connection: close`; returns the status code and the body.
 pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    http_request(addr, "GET", path, None)
+}
+
+/// `method path` with `Connection: close` and, if given, a JSON body; answered within 2 s.
+/// Returns the status code and the body.
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    json: Option<&str>,
+) -> Result<(u16, String)> {
     let timeout = Duration::from_secs(2);
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
+    let body = json.unwrap_or("");
+    let headers = match json {
+        Some(b) => format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()),
+        None => String::new(),
+    };
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n{headers}\r\n{body}"
     )?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;

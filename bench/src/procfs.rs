@@ -35,6 +35,20 @@ pub fn usage(pid: u32) -> Option<Usage> {
     Some(total)
 }
 
+/// PSS of `pid` in KiB (`Pss:` of `/proc/PID/smaps_rollup`): pages it shares count split
+/// between the processes mapping them, so a sum over processes counts each page once.
+pub fn pss_kib(pid: u32) -> anyhow::Result<u64> {
+    use anyhow::Context;
+    let text = fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .with_context(|| format!("smaps_rollup of {pid}"))?;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("Pss:")
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .with_context(|| format!("no Pss line in smaps_rollup of {pid}"))
+}
+
 /// Busy time of all CPUs since boot, in seconds: user, nice, system, irq, softirq and steal
 /// from `/proc/stat`'s `cpu` line.
 pub fn machine_busy_s() -> Option<f64> {

@@ -7,11 +7,14 @@
 //! split between the processes mapping them. The target is the issue's: shared total ≤ 1.1 ×
 //! (base + N·delta) / (N·(base + delta)) of the unshared total, as a ratio.
 //!
-//! `first_token_cold_ms`: from starting the replicas (and, shared, the holder) to the first
-//! answer of the 1st and of the Nth replica. The bench launches the processes itself, not
-//! through `weft-agent run` from a placement (which adds the sidecar's start and the ADS push).
+//! `first_token_cold_ms`: from placing the N replicas (`POST /v1/schedule/apply` to a
+//! weft-control node, carried out by one `weft-agent run`) to the first answer of the 1st and
+//! of the Nth replica through its sidecar (see [`weft_bench::agent_run`]). The same memory is
+//! read there too (holder + servers, and the sidecars apart), and the answers must match the
+//! direct runs'. `direct_first_token_cold_ms`: the same from starting the processes directly.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -21,6 +24,8 @@ use clap::Parser;
 use serde_json::{Value, json};
 use weft_agent::weights::make;
 use weft_agent::weights::model::Dims;
+use weft_bench::agent_run::{self, ask};
+use weft_bench::procfs::pss_kib;
 use weft_bench::stats::Spread;
 use weft_bench::workspace::{machine, release_bin, results_path, write_json};
 
@@ -61,28 +66,6 @@ impl Drop for Proc {
     }
 }
 
-/// PSS of `pid` in KiB (`Pss:` of smaps_rollup).
-fn pss_kib(pid: u32) -> Result<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).with_context(|| format!("smaps_rollup of {pid}"))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("Pss:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()))
-        .context("no Pss line")
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// One inference answer from `port`, or None while it is not up.
-fn ask(port: u16) -> Option<Value> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    write!(s, "POST /v1/infer HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    serde_json::from_str(out.split_once("\r\n\r\n")?.1).ok()
-}
-
 struct Run {
     total_mib: f64,
     per_process_mib: Vec<f64>,
@@ -92,7 +75,7 @@ struct Run {
 }
 
 /// Starts `n` replicas (shared: behind a holder) and waits for each one's first answer.
-fn run(bins: &Bins, base: &Path, deltas: &[PathBuf], shared: bool, dir: &Path) -> Result<Run> {
+fn run(bins: &agent_run::Bins, base: &Path, deltas: &[PathBuf], shared: bool, dir: &Path) -> Result<Run> {
     let started = Instant::now();
     let mut procs = Vec::new();
     let socket = dir.join("holder.sock");
@@ -107,7 +90,7 @@ fn run(bins: &Bins, base: &Path, deltas: &[PathBuf], shared: bool, dir: &Path) -
     }
     let mut ports = Vec::new();
     for (i, delta) in deltas.iter().enumerate() {
-        let port = free_port()?;
+        let port = weft_bench::net::free_addrs(1)?[0].port();
         let mut c = Command::new(&bins.server);
         c.args(["--port", &port.to_string(), "--variant", &format!("v{i}")]).arg(if shared { "--holder" } else { "--base" });
         c.arg(if shared { socket.as_path() } else { base }).arg("--delta").arg(delta).stderr(Stdio::null());
@@ -122,7 +105,7 @@ fn run(bins: &Bins, base: &Path, deltas: &[PathBuf], shared: bool, dir: &Path) -
         }
         for (i, port) in ports.iter().enumerate() {
             if answered[i].is_none()
-                && let Some(a) = ask(*port)
+                && let Some(a) = ask(SocketAddr::from(([127, 0, 0, 1], *port)))
             {
                 answered[i] = Some(started.elapsed().as_secs_f64() * 1e3);
                 answers[i] = a;
@@ -134,11 +117,6 @@ fn run(bins: &Bins, base: &Path, deltas: &[PathBuf], shared: bool, dir: &Path) -
     times.sort_by(f64::total_cmp);
     let per_process_mib: Vec<f64> = procs.iter().map(|p| pss_kib(p.0.id()).map(|k| k as f64 / 1024.0)).collect::<Result<_>>()?;
     Ok(Run { total_mib: per_process_mib.iter().sum(), per_process_mib, first_ms: times[0], nth_ms: times[times.len() - 1], answers })
-}
-
-struct Bins {
-    agent: PathBuf,
-    server: PathBuf,
 }
 
 /// Median of the repeats (every repeat yields every figure, or the run fails before this).
@@ -170,7 +148,12 @@ fn real_main() -> Result<bool> {
         classes: args.classes,
     };
     let repeats = args.repeats.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
-    let bins = Bins { agent: release_bin("weft-agent")?, server: release_bin("weft-model-server")? };
+    let bins = agent_run::Bins {
+        control: release_bin("weft-control")?,
+        agent: release_bin("weft-agent")?,
+        server: release_bin("weft-model-server")?,
+        proxy: release_bin("weft-proxy")?,
+    };
     let dir = tempfile::tempdir()?;
     let base = dir.path().join("base.safetensors");
     make::base(&base, dims, 1).map_err(anyhow::Error::msg)?;
@@ -191,12 +174,16 @@ fn real_main() -> Result<bool> {
         args.variants, dims.layers, dims.d, dims.d, args.rank
     );
 
-    let (mut shared, mut unshared) = (Vec::new(), Vec::new());
+    weft_bench::guard::stop_children_on_signal()?;
+    let (mut shared, mut unshared, mut placed) = (Vec::new(), Vec::new(), Vec::new());
     let mut outputs_agree = true;
     for r in 0..repeats {
         let s = run(&bins, &base, &deltas, true, dir.path())?;
         let u = run(&bins, &base, &deltas, false, dir.path())?;
-        outputs_agree &= s.answers == u.answers;
+        let run_dir = dir.path().join(format!("agent-{r}"));
+        std::fs::create_dir_all(&run_dir)?;
+        let p = agent_run::run(&bins, &base, &deltas, &run_dir).context("the run through weft-agent")?;
+        outputs_agree &= s.answers == u.answers && s.answers == p.answers;
         println!(
             "  repeat {}: shared {:>8.1} MiB (holder {:.1}, replicas {:?})  unshared {:>8.1} MiB  first/Nth answer {:.0}/{:.0} ms shared, {:.0}/{:.0} ms unshared",
             r + 1,
@@ -209,8 +196,13 @@ fn real_main() -> Result<bool> {
             u.first_ms,
             u.nth_ms
         );
+        println!(
+            "            placed through weft-agent: holder + servers {:.1} MiB, sidecars {:.1} MiB, first/Nth answer {:.0}/{:.0} ms from the apply",
+            p.holder_and_servers_mib, p.sidecars_mib, p.first_ms, p.nth_ms
+        );
         shared.push(s);
         unshared.push(u);
+        placed.push(p);
     }
     let distinct = {
         let mut logits: Vec<String> = shared[0].answers.iter().map(|a| a["logits"].to_string()).collect();
@@ -231,7 +223,28 @@ fn real_main() -> Result<bool> {
         args.variants,
         if ratio <= target { "PASS" } else { "FAIL" }
     );
-    println!("answers: shared = unshared per variant: {outputs_agree}; every variant's answer distinct: {distinct}");
+    let cold = |runs: &[agent_run::Placed], f: fn(&agent_run::Placed) -> f64| median(runs.iter().map(f).collect());
+    let (placed_first, placed_nth) = (cold(&placed, |p| p.first_ms), cold(&placed, |p| p.nth_ms));
+    println!(
+        "| placed through weft-agent | {:.1} (+ sidecars {:.1}) | | | |",
+        cold(&placed, |p| p.holder_and_servers_mib),
+        cold(&placed, |p| p.sidecars_mib)
+    );
+    println!();
+    println!("| first answer, ms (median) | 1st | Nth |");
+    println!("|---|---|---|");
+    println!("| from schedule apply, through weft-agent and the sidecar | {placed_first:.0} | {placed_nth:.0} |");
+    println!(
+        "| from process start, shared (direct) | {:.0} | {:.0} |",
+        median(col(&shared, |r| r.first_ms)),
+        median(col(&shared, |r| r.nth_ms))
+    );
+    println!(
+        "| from process start, unshared (direct) | {:.0} | {:.0} |",
+        median(col(&unshared, |r| r.first_ms)),
+        median(col(&unshared, |r| r.nth_ms))
+    );
+    println!("answers: shared = unshared = placed per variant: {outputs_agree}; every variant's answer distinct: {distinct}");
     let doc = json!({
         "bench": "weight-share",
         "machine": machine(),
@@ -243,11 +256,19 @@ fn real_main() -> Result<bool> {
             "shared_total_mib": shared_total,
             "unshared_total_mib": unshared_total,
             "ratio": ratio,
-            "first_token_cold_ms": {"first": median(col(&shared, |r| r.first_ms)), "nth": median(col(&shared, |r| r.nth_ms))},
+            "first_token_cold_ms": {"first": placed_first, "nth": placed_nth},
             "target_ratio": target,
             "pass": pass,
         },
+        "first_token_cold_ms_is": "from POST /v1/schedule/apply (N replica placements) to each replica's first answer through its sidecar, the endpoint read from the agent's NodeStatus; one weft-control node and one weft-agent run, declared inventory",
+        "direct_first_token_cold_ms": {"first": median(col(&shared, |r| r.first_ms)), "nth": median(col(&shared, |r| r.nth_ms))},
         "unshared_first_token_cold_ms": {"first": median(col(&unshared, |r| r.first_ms)), "nth": median(col(&unshared, |r| r.nth_ms))},
+        "placed": {
+            "holder_and_servers_mib": stats(&placed.iter().map(|p| p.holder_and_servers_mib).collect::<Vec<_>>()),
+            "sidecars_mib": stats(&placed.iter().map(|p| p.sidecars_mib).collect::<Vec<_>>()),
+            "first_ms": stats(&placed.iter().map(|p| p.first_ms).collect::<Vec<_>>()),
+            "nth_ms": stats(&placed.iter().map(|p| p.nth_ms).collect::<Vec<_>>()),
+        },
         "ranges": {
             "shared_total_mib": stats(&col(&shared, |r| r.total_mib)),
             "unshared_total_mib": stats(&col(&unshared, |r| r.total_mib)),
@@ -258,7 +279,7 @@ fn real_main() -> Result<bool> {
                             "unshared": unshared.iter().map(|r| r.per_process_mib.clone()).collect::<Vec<_>>()},
         "outputs_agree": outputs_agree,
         "variants_distinct": distinct,
-        "launched_by": "the bench directly (not weft-agent run from a placement)",
+        "launched_by": "memory: the bench directly (shared and unshared, same binaries); first_token_cold_ms: weft-agent run from placements",
     });
     let out = args.out.unwrap_or_else(|| results_path("weight-share.json", args.quick));
     write_json(&out, &doc)?;
