@@ -30,6 +30,7 @@ pub mod duration;
 pub mod h1;
 pub mod headers;
 pub mod identity;
+pub mod infer;
 pub mod lb;
 pub mod limit;
 pub mod logging;

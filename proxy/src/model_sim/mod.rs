@@ -14,6 +14,8 @@
 //! `vllm:num_requests_waiting`), then sleeps a latency drawn from the configured distribution
 //! (time to first token for a stream), then fails with a 500 with probability `error_rate`.
 
+pub mod engine;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
