@@ -183,11 +183,16 @@ impl Engine {
 
     fn release(&mut self, r: Running) {
         self.reserved -= r.own_blocks;
-        for b in r.pinned {
-            if let Some(refs) = self.cache.get_mut(&b) {
+        self.unpin(&r.pinned);
+    }
+
+    /// Drops one reference to each cached block; unreferenced ones become evictable.
+    fn unpin(&mut self, blocks: &[u64]) {
+        for b in blocks {
+            if let Some(refs) = self.cache.get_mut(b) {
                 *refs -= 1;
                 if *refs == 0 {
-                    self.idle.push_back(b);
+                    self.idle.push_back(*b);
                 }
             }
         }
@@ -228,13 +233,7 @@ impl Engine {
             *refs += 1;
         }
         if !self.make_room(own) {
-            for b in &hits {
-                let refs = self.cache.get_mut(b).expect("pinned");
-                *refs -= 1;
-                if *refs == 0 {
-                    self.idle.push_back(*b);
-                }
-            }
+            self.unpin(&hits);
             return None;
         }
         let seq = self.waiting.pop_front().expect("front");
